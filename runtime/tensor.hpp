@@ -1,0 +1,83 @@
+// RaggedTensor: packed values + a shared Structure + a dtype. Dense values are the special
+// cases "batched with no ragged axis" (f32[B, 4]) and "unbatched" (f32[384, 128], f32[]).
+// DenseArray is one plain n-dimensional array: a sample, a padded envelope, a weight.
+#pragma once
+#include "runtime/structure.hpp"
+
+#include <cstddef>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace rag {
+
+struct DenseArray {
+    DType dtype = DType::f32;
+    std::vector<std::int64_t> shape;
+    std::vector<std::byte> bytes;
+
+    static DenseArray zeros(DType t, std::vector<std::int64_t> shape);
+    static DenseArray from_f64(DType t, std::vector<std::int64_t> shape,
+                               const std::vector<double>& values);
+    std::int64_t numel() const;
+    std::vector<double> to_f64() const;
+    double at(std::int64_t flat) const { return load_as_f64(bytes.data(), dtype, flat); }
+};
+
+// Reference-counted, 64-byte-aligned storage; tensors that alias it share ownership.
+struct Buffer {
+    std::shared_ptr<std::byte> data;
+    std::size_t nbytes = 0;
+    static Buffer allocate(std::size_t nbytes); // zero-filled
+};
+
+class RaggedTensor {
+  public:
+    RaggedTensor() = default;
+    RaggedTensor(DType dtype, StructurePtr st, Buffer values);
+
+    static RaggedTensor zeros(DType dtype, StructurePtr st);
+    static RaggedTensor from_f64(DType dtype, StructurePtr st, const std::vector<double>& values);
+    // A batch from per-sample arrays. `axes` declares every per-sample axis: a ragged name
+    // keeps the axis ragged even when all samples agree on its extent.
+    static RaggedTensor from_list(const std::vector<DenseArray>& samples, std::vector<Axis> axes);
+    static RaggedTensor from_list(const std::vector<DenseArray>& samples, std::string_view axes) {
+        return from_list(samples, parse_axes(axes));
+    }
+    // Without a declaration: the axes whose extent varies become ragged (named N, M, L, K, ...).
+    static RaggedTensor from_list(const std::vector<DenseArray>& samples);
+    // An unbatched dense value (a weight, a scalar).
+    static RaggedTensor dense(const DenseArray& a);
+    // Inverse of to_padded: `padded` is [B, e_1..e_d]; `lengths` holds one vector of B extents
+    // per ragged axis of `axes`, in order.
+    static RaggedTensor from_padded(const DenseArray& padded, std::vector<Axis> axes,
+                                    const std::vector<std::vector<std::int64_t>>& lengths);
+
+    DType dtype() const { return dtype_; }
+    Schema schema() const { return {dtype_, st_->shape()}; }
+    const Shape& shape() const { return st_->shape(); }
+    const Structure& structure() const { return *st_; }
+    const StructurePtr& structure_ptr() const { return st_; }
+    std::int64_t batch() const { return st_->batch(); }
+    std::int64_t numel() const { return st_->numel(); }
+    const void* data() const { return values_.data.get(); }
+    void* mutable_data() { return values_.data.get(); }
+    const Buffer& buffer() const { return values_; }
+
+    std::vector<DenseArray> to_list() const;
+    DenseArray to_padded(double value) const; // [B, envelope...] (or the array, unbatched)
+    DenseArray mask() const;                  // bool, same shape as to_padded, true = valid
+    DenseArray to_dense() const;              // the one array of an unbatched value
+    std::vector<double> to_f64() const;       // packed values
+    RaggedTensor astype(DType t) const;
+    double item() const; // the value of a one-element tensor
+
+  private:
+    DType dtype_ = DType::f32;
+    StructurePtr st_;
+    Buffer values_;
+};
+
+std::string describe(const RaggedTensor& t); // schema, batch, lengths: for messages and demos
+
+} // namespace rag
