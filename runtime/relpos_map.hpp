@@ -1,0 +1,2 @@
+// Relative-position maps (REFERENCE.md section 2).
+#pragma once
