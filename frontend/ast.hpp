@@ -1,0 +1,132 @@
+// The abstract syntax of the rag language (LANGUAGE.md). Every node keeps its source span.
+// Produced by the parser, read by the checker; nothing here knows about tensors at run time.
+#pragma once
+#include "frontend/source.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rag::ast {
+
+struct DimExpr {
+    enum class Kind { fixed, symbolic, ragged } kind = Kind::fixed;
+    std::int64_t extent = 0; // fixed
+    std::string name;        // symbolic, ragged (without the ~)
+    Span span;
+};
+
+struct TypeExpr {
+    enum class Kind {
+        tensor, // dtype[dims]: `f32[B, ~N, 384]`, `f32[]`, `T[B, ~N, C]` (T a type parameter)
+        named,  // a params group: `PairBlock`
+        tuple   // `(f32[], PairBlock)`
+    } kind = Kind::tensor;
+    std::string dtype;            // tensor: "f32", ... or a type parameter name
+    std::vector<DimExpr> dims;    // tensor
+    std::string name;             // named
+    std::vector<TypeExpr> elems;  // tuple
+    Span span;
+};
+
+struct Expr;
+using ExprPtr = std::shared_ptr<const Expr>;
+
+// One item of `x[...]`.
+struct IndexItem {
+    enum class Kind { keep, newaxis, index, slice } kind = Kind::keep;
+    std::int64_t index = 0;          // index
+    std::optional<std::int64_t> lo;  // slice
+    std::optional<std::int64_t> hi;  // slice
+    Span span;
+};
+
+struct Arg {
+    std::string keyword; // empty: positional
+    ExprPtr value;
+    Span span;
+};
+
+struct Expr {
+    enum class Kind {
+        integer,  // ival
+        floating, // fval
+        boolean,  // bval
+        name,     // name
+        unary,    // op ("-"), operands[0]
+        binary,   // op ("+" "-" "*" "/" "@" "**" "<" "<=" ">" ">=" "==" "!="), operands[0..1]
+        call,     // operands[0] is the callee (a name, or a call: value_and_grad(f, wrt=p)(x)), args
+        index,    // operands[0][items]
+        member,   // operands[0].name
+        tuple     // (a, b, ...): operands
+    } kind = Kind::name;
+    Span span;
+    std::int64_t ival = 0;
+    double fval = 0;
+    bool bval = false;
+    std::string name;
+    std::string op;
+    std::vector<ExprPtr> operands;
+    std::vector<Arg> args;
+    std::vector<IndexItem> items;
+};
+
+// The target of a `let`: a name, or a tuple of targets `(y, (a, b))`.
+struct Pattern {
+    std::string name; // empty for a tuple
+    std::vector<Pattern> elems;
+    Span span;
+    bool is_tuple() const { return name.empty(); }
+};
+
+struct Stmt {
+    enum class Kind { let, ret } kind = Kind::let;
+    Pattern target; // let
+    ExprPtr value;
+    Span span;
+};
+
+struct Param {
+    std::string name;
+    TypeExpr type;
+    Span span;
+};
+
+struct FnDecl {
+    std::string name;
+    std::vector<std::string> type_params; // fn scale[T](...)
+    std::vector<Param> params;
+    std::optional<TypeExpr> result;
+    std::vector<Stmt> body;
+    Span span;      // the whole declaration
+    Span name_span; // the name
+};
+
+struct ParamField {
+    std::string name;
+    TypeExpr type;
+    ExprPtr init; // `normal(0.02)`, `zeros`, `ones`, `uniform(-0.1, 0.1)`; may be null
+    Span span;
+};
+
+struct ParamsDecl {
+    std::string name;
+    std::vector<ParamField> fields;
+    Span span;
+    Span name_span;
+};
+
+struct Import {
+    std::string path;
+    Span span;
+};
+
+struct Module {
+    std::vector<Import> imports;
+    std::vector<ParamsDecl> params;
+    std::vector<FnDecl> fns; // in source order
+};
+
+} // namespace rag::ast

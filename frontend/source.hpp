@@ -1,0 +1,53 @@
+// Source files and diagnostics. Every diagnostic names file:line:col, shows the source line
+// and a caret under the span, and says what was expected.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rag {
+
+// Byte offsets [begin, end) into one source file.
+struct Span {
+    std::uint32_t begin = 0;
+    std::uint32_t end = 0;
+};
+
+struct Diagnostic {
+    Span span;
+    std::string message;
+};
+
+class SourceFile {
+  public:
+    SourceFile(std::string path, std::string text);
+    const std::string& path() const { return path_; }
+    const std::string& text() const { return text_; }
+    // 1-based line and column (columns count bytes) of a byte offset.
+    std::pair<int, int> line_col(std::uint32_t offset) const;
+    std::string line_text(int line) const; // without the newline
+    // "path:3:9: error: message\n    let x = y +\n              ^\n"
+    std::string format(const Diagnostic& d) const;
+
+  private:
+    std::string path_, text_;
+    std::vector<std::uint32_t> line_starts_;
+};
+
+// Diagnostics collected while compiling one file; the pipeline keeps going where it can so a
+// file reports several errors at once.
+class Diagnostics {
+  public:
+    explicit Diagnostics(const SourceFile& src) : src_(&src) {}
+    void error(Span s, std::string message) { items_.push_back({s, std::move(message)}); }
+    bool empty() const { return items_.empty(); }
+    const std::vector<Diagnostic>& items() const { return items_; }
+    const SourceFile& source() const { return *src_; }
+    std::string str() const; // every diagnostic formatted, in source order
+
+  private:
+    const SourceFile* src_;
+    std::vector<Diagnostic> items_;
+};
+
+} // namespace rag
