@@ -41,12 +41,19 @@ std::string SourceFile::format(const Diagnostic& d) const {
     return out + "\n";
 }
 
+void Diagnostics::error(Span s, std::string message, const SourceFile* file) {
+    for (const auto& d : items_)
+        if (d.span.begin == s.begin && d.span.end == s.end && d.file == file && d.message == message)
+            return;
+    items_.push_back({s, std::move(message), file});
+}
+
 std::string Diagnostics::str() const {
     auto sorted = items_;
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const Diagnostic& a, const Diagnostic& b) { return a.span.begin < b.span.begin; });
     std::string out;
-    for (const auto& d : sorted) out += src_->format(d);
+    for (const auto& d : sorted) out += (d.file ? d.file : src_)->format(d);
     return out;
 }
 

@@ -13,9 +13,12 @@ struct Span {
     std::uint32_t end = 0;
 };
 
+class SourceFile;
+
 struct Diagnostic {
     Span span;
     std::string message;
+    const SourceFile* file = nullptr; // null: the Diagnostics' own file
 };
 
 class SourceFile {
@@ -39,7 +42,9 @@ class SourceFile {
 class Diagnostics {
   public:
     explicit Diagnostics(const SourceFile& src) : src_(&src) {}
-    void error(Span s, std::string message) { items_.push_back({s, std::move(message)}); }
+    // Reports once: the same message at the same place (an error inside a function that is
+    // inlined at several calls) is kept a single time.
+    void error(Span s, std::string message, const SourceFile* file = nullptr);
     bool empty() const { return items_.empty(); }
     const std::vector<Diagnostic>& items() const { return items_; }
     const SourceFile& source() const { return *src_; }

@@ -1,0 +1,234 @@
+#include "dsl/module.hpp"
+
+#include "frontend/lower.hpp"
+#include "ir/interpreter.hpp"
+#include "runtime/error.hpp"
+#include "runtime/random.hpp"
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+namespace rag {
+
+Value Value::tuple(std::vector<Value> elems) {
+    Value v;
+    v.kind = Kind::tuple;
+    v.elems = std::move(elems);
+    return v;
+}
+
+const RaggedTensor& Value::field(std::string_view name) const {
+    for (const auto& [n, t] : fields)
+        if (n == name) return t;
+    fail(record, " has no field '", name, "'");
+}
+
+std::string Value::type_str() const {
+    switch (kind) {
+    case Kind::tensor: return tensor.schema().str();
+    case Kind::record: return record;
+    case Kind::tuple: {
+        std::string s = "(";
+        for (std::size_t k = 0; k < elems.size(); ++k) s += (k ? ", " : "") + elems[k].type_str();
+        return s + ")";
+    }
+    }
+    return "?";
+}
+
+struct Module::Compiled {
+    frontend::Lowered lowered;
+};
+
+namespace {
+
+frontend::VType vtype_of(const Value& v) {
+    using frontend::VType;
+    switch (v.kind) {
+    case Value::Kind::tensor: return VType::tensor(v.tensor.schema());
+    case Value::Kind::record: {
+        VType t{VType::Kind::record, {}, v.record, {}, {}};
+        for (const auto& [n, f] : v.fields) t.fields.push_back({n, VType::tensor(f.schema())});
+        return t;
+    }
+    case Value::Kind::tuple: {
+        VType t{VType::Kind::tuple, {}, {}, {}, {}};
+        for (const auto& e : v.elems) t.elems.push_back(vtype_of(e));
+        return t;
+    }
+    }
+    return {};
+}
+
+void flatten(const Value& v, std::vector<RaggedTensor>& out) {
+    if (v.kind == Value::Kind::tensor) out.push_back(v.tensor);
+    for (const auto& [_, f] : v.fields) out.push_back(f);
+    for (const auto& e : v.elems) flatten(e, out);
+}
+
+Value unflatten(const frontend::VType& t, const std::vector<RaggedTensor>& vals, std::size_t& pos) {
+    using K = frontend::VType::Kind;
+    if (t.kind == K::tensor) return vals.at(pos++);
+    Value v;
+    if (t.kind == K::record) {
+        v.kind = Value::Kind::record;
+        v.record = t.record;
+        for (const auto& [n, _] : t.fields) v.fields.push_back({n, vals.at(pos++)});
+        return v;
+    }
+    v.kind = Value::Kind::tuple;
+    for (const auto& e : t.elems) v.elems.push_back(unflatten(e, vals, pos));
+    return v;
+}
+
+// The tensor with its axes named as the specialised signature names them. Rebuilding the
+// structure checks that axes sharing a name agree in every sample.
+RaggedTensor relabel(const RaggedTensor& t, const Schema& want, const std::string& what) {
+    if (t.schema() == want) return t;
+    try {
+        auto st = Structure::make(want.shape, t.batch(), t.structure().sizes());
+        return RaggedTensor(t.dtype(), st, t.buffer());
+    } catch (const Error& e) {
+        fail(what, ": ", e.what());
+    }
+}
+
+} // namespace
+
+Module::Module(std::unique_ptr<frontend::Program> prog) : prog_(std::move(prog)) {}
+Module::~Module() = default;
+
+std::shared_ptr<Module> Module::compile(const std::string& source, const std::string& path) {
+    auto src = std::make_shared<SourceFile>(path, source);
+    Diagnostics diags(*src);
+    auto prog = std::make_unique<frontend::Program>(frontend::load_program(src, diags));
+    if (diags.empty()) frontend::check(*prog, diags);
+    if (!diags.empty()) throw CompileError(diags.str());
+    return std::shared_ptr<Module>(new Module(std::move(prog)));
+}
+
+std::shared_ptr<Module> Module::load(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) fail("cannot open ", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return compile(ss.str(), path);
+}
+
+std::vector<std::string> Module::functions() const { return prog_->fn_names(); }
+
+const Module::Compiled& Module::specialise(std::string_view fn, const std::vector<Value>& args) {
+    std::vector<frontend::VType> types;
+    std::string key(fn);
+    for (const auto& a : args) {
+        types.push_back(vtype_of(a));
+        key += "|" + types.back().str();
+    }
+    FnStats& st = stats_[std::string(fn)];
+    if (auto it = cache_.find(key); it != cache_.end()) {
+        ++st.cache_hits;
+        return *it->second;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    Diagnostics diags(*prog_->units.at(0).src);
+    auto lowered = frontend::lower(*prog_, fn, types, diags);
+    if (!lowered) throw CompileError(diags.str());
+    ++st.compilations;
+    st.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto& slot = cache_[key];
+    slot = std::make_unique<Compiled>(Compiled{std::move(*lowered)});
+    return *slot;
+}
+
+Value Module::call(std::string_view fn, const std::vector<Value>& args) {
+    const Compiled& c = specialise(fn, args);
+    std::vector<RaggedTensor> flat;
+    for (const auto& a : args) flatten(a, flat);
+    auto want = c.lowered.fn.input_types();
+    // Equal ragged names must agree per sample across arguments, and batches must agree.
+    std::map<std::string, std::pair<std::size_t, std::vector<std::int64_t>>> seen;
+    std::int64_t batch = -1;
+    for (std::size_t k = 0; k < flat.size(); ++k) {
+        const std::string what = std::string(fn) + ": " + c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[k])].label;
+        flat[k] = relabel(flat[k], want[k], what);
+        if (!want[k].shape.batched) continue;
+        if (batch >= 0 && flat[k].batch() != batch)
+            fail(what, " has a batch of ", flat[k].batch(), " samples; earlier arguments have ", batch);
+        batch = flat[k].batch();
+        for (int a = 0; a < flat[k].structure().rank(); ++a) {
+            const Axis& ax = want[k].shape.axes[std::size_t(a)];
+            if (!ax.is_ragged()) continue;
+            auto lengths = flat[k].structure().lengths(a);
+            auto [it, fresh] = seen.try_emplace(ax.name, k, lengths);
+            if (fresh) continue;
+            for (std::size_t i = 0; i < lengths.size(); ++i)
+                if (lengths[i] != it->second.second[i])
+                    fail(what, ": sample ", i, " has ", ax.name, " = ", lengths[i], " but argument ",
+                         c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[it->second.first])].label,
+                         " has ", ax.name, " = ", it->second.second[i]);
+        }
+    }
+    auto out = ir::interpret(c.lowered.fn, flat);
+    std::size_t pos = 0;
+    return unflatten(c.lowered.result, out, pos);
+}
+
+Value Module::init(std::string_view name, std::uint64_t seed) const {
+    const ast::ParamsDecl* p = prog_->find_params(name);
+    if (!p) fail("no params group named '", name, "'");
+    frontend::VType t = prog_->params_type(*p);
+    Value v;
+    v.kind = Value::Kind::record;
+    v.record = p->name;
+    for (std::size_t f = 0; f < p->fields.size(); ++f) {
+        const ast::ParamField& field = p->fields[f];
+        const Schema& s = t.fields[f].second.schema;
+        std::vector<std::int64_t> shape;
+        for (const auto& a : s.shape.axes) shape.push_back(a.extent);
+        DenseArray arr = DenseArray::zeros(s.dtype, shape);
+        std::vector<double> vals(static_cast<std::size_t>(arr.numel()), 0.0);
+        const ast::Expr* init = field.init.get();
+        std::string kind = !init ? "zeros" : init->kind == ast::Expr::Kind::name ? init->name
+                           : init->kind == ast::Expr::Kind::call && init->operands[0]->kind == ast::Expr::Kind::name
+                               ? init->operands[0]->name
+                               : "";
+        auto number = [&](std::size_t k) {
+            if (!init || init->kind != ast::Expr::Kind::call || k >= init->args.size())
+                fail(p->name, ".", field.name, ": ", kind, " needs ", k + 1, " argument(s)");
+            const ast::Expr& e = *init->args[k].value;
+            if (e.kind == ast::Expr::Kind::integer) return double(e.ival);
+            if (e.kind == ast::Expr::Kind::floating) return e.fval;
+            if (e.kind == ast::Expr::Kind::unary && e.operands[0]->kind == ast::Expr::Kind::floating)
+                return -e.operands[0]->fval;
+            if (e.kind == ast::Expr::Kind::unary && e.operands[0]->kind == ast::Expr::Kind::integer)
+                return -double(e.operands[0]->ival);
+            fail(p->name, ".", field.name, ": initialiser arguments must be numbers");
+        };
+        CounterRng rng(seed, p->name + "." + field.name);
+        if (kind == "zeros") {
+        } else if (kind == "ones") {
+            std::fill(vals.begin(), vals.end(), 1.0);
+        } else if (kind == "normal") {
+            double sd = number(0);
+            for (std::size_t k = 0; k < vals.size(); ++k) vals[k] = sd * rng.normal(k);
+        } else if (kind == "uniform") {
+            double lo = number(0), hi = number(1);
+            for (std::size_t k = 0; k < vals.size(); ++k) vals[k] = lo + (hi - lo) * rng.uniform(k);
+        } else {
+            fail(p->name, ".", field.name, ": unknown initialiser; use zeros, ones, normal(std) or uniform(lo, hi)");
+        }
+        v.fields.push_back({field.name, RaggedTensor::dense(DenseArray::from_f64(s.dtype, shape, vals))});
+    }
+    return v;
+}
+
+std::string Module::ir(std::string_view fn, const std::optional<std::vector<Value>>& args) {
+    if (args) return ir::print(specialise(fn, *args).lowered.fn);
+    Diagnostics diags(*prog_->units.at(0).src);
+    auto lowered = frontend::lower(*prog_, fn, std::nullopt, diags);
+    if (!lowered) throw CompileError(diags.str());
+    return ir::print(lowered->fn);
+}
+
+} // namespace rag

@@ -1,0 +1,73 @@
+// The embedding API: load a .rag program, call its functions on RaggedTensors, initialise
+// params groups. Each function is compiled once per argument schemas (its specialisation
+// key) and reused when only lengths change; stats() counts compilations and cache hits.
+#pragma once
+#include "runtime/error.hpp"
+#include "runtime/tensor.hpp"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rag {
+
+namespace frontend {
+struct Program;
+}
+
+// A value crossing the API: a tensor, a params record (fields in declaration order) or a tuple.
+struct Value {
+    enum class Kind { tensor, record, tuple } kind = Kind::tensor;
+    RaggedTensor tensor;
+    std::string record;
+    std::vector<std::pair<std::string, RaggedTensor>> fields;
+    std::vector<Value> elems;
+
+    Value() = default;
+    Value(RaggedTensor t) : tensor(std::move(t)) {} // NOLINT: implicit on purpose
+    static Value tuple(std::vector<Value> elems);
+    const RaggedTensor& field(std::string_view name) const;
+    std::string type_str() const;
+};
+
+// A compile error: the formatted diagnostics of the whole file.
+class CompileError : public Error {
+  public:
+    using Error::Error;
+};
+
+struct FnStats {
+    int compilations = 0;
+    int cache_hits = 0;
+    double compile_seconds = 0;
+};
+
+class Module {
+  public:
+    static std::shared_ptr<Module> load(const std::string& path);
+    static std::shared_ptr<Module> compile(const std::string& source, const std::string& path = "<input>");
+    ~Module();
+
+    std::vector<std::string> functions() const;
+    Value call(std::string_view fn, const std::vector<Value>& args);
+    // Deterministic initialisation of a params group (see docs/language.md for the generator).
+    Value init(std::string_view params, std::uint64_t seed) const;
+    // The IR of fn specialised on these arguments (or on its declared types).
+    std::string ir(std::string_view fn, const std::optional<std::vector<Value>>& args = std::nullopt);
+    std::map<std::string, FnStats> stats() const { return stats_; }
+    const frontend::Program& program() const { return *prog_; }
+
+  private:
+    struct Compiled;
+    explicit Module(std::unique_ptr<frontend::Program> prog);
+    const Compiled& specialise(std::string_view fn, const std::vector<Value>& args);
+
+    std::unique_ptr<frontend::Program> prog_;
+    std::map<std::string, std::unique_ptr<Compiled>> cache_;
+    std::map<std::string, FnStats> stats_;
+};
+
+} // namespace rag

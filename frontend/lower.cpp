@@ -1,0 +1,649 @@
+#include "frontend/lowerer.hpp"
+
+#include "frontend/parser.hpp"
+#include "ir/autodiff.hpp"
+#include "runtime/error.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace rag::frontend {
+
+// ---- types -------------------------------------------------------------------------------
+
+std::string VType::str() const {
+    switch (kind) {
+    case Kind::tensor: return schema.str();
+    case Kind::record: return record;
+    case Kind::tuple: {
+        std::string s = "(";
+        for (std::size_t k = 0; k < elems.size(); ++k) s += (k ? ", " : "") + elems[k].str();
+        return s + (elems.size() == 1 ? ",)" : ")");
+    }
+    }
+    return "?";
+}
+
+std::vector<Schema> VType::flatten() const {
+    if (kind == Kind::tensor) return {schema};
+    std::vector<Schema> out;
+    auto add = [&](const VType& t) {
+        auto f = t.flatten();
+        out.insert(out.end(), f.begin(), f.end());
+    };
+    for (const auto& [_, f] : fields) add(f);
+    for (const auto& e : elems) add(e);
+    return out;
+}
+
+namespace {
+
+std::string dim_str(const ast::DimExpr& d) {
+    switch (d.kind) {
+    case ast::DimExpr::Kind::fixed: return std::to_string(d.extent);
+    case ast::DimExpr::Kind::symbolic: return d.name;
+    case ast::DimExpr::Kind::ragged: return "~" + d.name;
+    }
+    return "?";
+}
+
+std::string type_str(const ast::TypeExpr& t) {
+    switch (t.kind) {
+    case ast::TypeExpr::Kind::tensor: {
+        std::string s = t.dtype + "[";
+        for (std::size_t k = 0; k < t.dims.size(); ++k) s += (k ? ", " : "") + dim_str(t.dims[k]);
+        return s + "]";
+    }
+    case ast::TypeExpr::Kind::named: return t.name;
+    case ast::TypeExpr::Kind::tuple: {
+        std::string s = "(";
+        for (std::size_t k = 0; k < t.elems.size(); ++k) s += (k ? ", " : "") + type_str(t.elems[k]);
+        return s + ")";
+    }
+    }
+    return "?";
+}
+
+bool has_ragged(const ast::TypeExpr& t) {
+    for (const auto& d : t.dims)
+        if (d.kind == ast::DimExpr::Kind::ragged) return true;
+    return false;
+}
+
+bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch) {
+    return has_ragged(t) || (!t.dims.empty() && t.dims[0].kind == ast::DimExpr::Kind::symbolic &&
+                             batch.count(t.dims[0].name));
+}
+
+VType declared_vtype(const Program& prog, const ast::TypeExpr& t, const std::set<std::string>& batch) {
+    switch (t.kind) {
+    case ast::TypeExpr::Kind::named: {
+        const ast::ParamsDecl* p = prog.find_params(t.name);
+        if (!p) fail("unknown type '", t.name, "'");
+        return prog.params_type(*p);
+    }
+    case ast::TypeExpr::Kind::tuple: {
+        VType v{VType::Kind::tuple, {}, {}, {}, {}};
+        for (const auto& e : t.elems) v.elems.push_back(declared_vtype(prog, e, batch));
+        return v;
+    }
+    case ast::TypeExpr::Kind::tensor: break;
+    }
+    auto dt = parse_dtype(t.dtype);
+    if (!dt) fail("type parameter ", t.dtype, " has no concrete type here; call the function instead");
+    Shape s;
+    s.batched = is_batched(t, batch);
+    if (s.batched && t.dims[0].kind != ast::DimExpr::Kind::symbolic)
+        fail("the first dimension of a ragged type is the batch axis and must be a name, got ",
+             dim_str(t.dims[0]));
+    for (std::size_t k = s.batched ? 1 : 0; k < t.dims.size(); ++k) {
+        const auto& d = t.dims[k];
+        if (d.kind == ast::DimExpr::Kind::fixed) s.axes.push_back(Axis::fixed_of(d.extent));
+        else if (d.kind == ast::DimExpr::Kind::symbolic) s.axes.push_back(Axis::symbolic_of(d.name));
+        else s.axes.push_back(Axis::ragged_of(d.name));
+    }
+    return VType::tensor({*dt, std::move(s)});
+}
+
+// `actual` with the ragged axes renamed as `decl` declares them (they already match).
+VType rename(const VType& actual, const ast::TypeExpr& decl) {
+    VType out = actual;
+    if (actual.kind == VType::Kind::tuple)
+        for (std::size_t k = 0; k < out.elems.size(); ++k) out.elems[k] = rename(actual.elems[k], decl.elems[k]);
+    if (actual.kind != VType::Kind::tensor) return out;
+    const std::size_t skip = actual.schema.shape.batched ? 1 : 0;
+    for (std::size_t a = 0; a < out.schema.shape.axes.size(); ++a)
+        if (out.schema.shape.axes[a].is_ragged()) out.schema.shape.axes[a].name = decl.dims[a + skip].name;
+    return out;
+}
+
+} // namespace
+
+std::set<std::string> batch_names(const ast::FnDecl& fn) {
+    std::set<std::string> out;
+    std::function<void(const ast::TypeExpr&)> visit = [&](const ast::TypeExpr& t) {
+        if (t.kind == ast::TypeExpr::Kind::tuple)
+            for (const auto& e : t.elems) visit(e);
+        if (t.kind == ast::TypeExpr::Kind::tensor && has_ragged(t) && !t.dims.empty() &&
+            t.dims[0].kind == ast::DimExpr::Kind::symbolic)
+            out.insert(t.dims[0].name);
+    };
+    for (const auto& p : fn.params) visit(p.type);
+    if (fn.result) visit(*fn.result);
+    return out;
+}
+
+std::string match_type(const Program& prog, const VType& actual, const ast::TypeExpr& decl,
+                       const std::set<std::string>& batch, Bindings& b) {
+    const std::string mismatch = "expected " + type_str(decl) + ", got " + actual.str();
+    switch (decl.kind) {
+    case ast::TypeExpr::Kind::named:
+        if (!prog.find_params(decl.name)) return "unknown type '" + decl.name + "'";
+        return actual.kind == VType::Kind::record && actual.record == decl.name ? "" : mismatch;
+    case ast::TypeExpr::Kind::tuple:
+        if (actual.kind != VType::Kind::tuple || actual.elems.size() != decl.elems.size()) return mismatch;
+        for (std::size_t k = 0; k < decl.elems.size(); ++k) {
+            auto m = match_type(prog, actual.elems[k], decl.elems[k], batch, b);
+            if (!m.empty()) return m;
+        }
+        return "";
+    case ast::TypeExpr::Kind::tensor: break;
+    }
+    if (actual.kind != VType::Kind::tensor) return mismatch;
+    const Schema& s = actual.schema;
+    if (auto dt = parse_dtype(decl.dtype)) {
+        if (*dt != s.dtype) return mismatch;
+    } else if (auto it = b.dtypes.find(decl.dtype); it != b.dtypes.end()) {
+        if (it->second != s.dtype)
+            return mismatch + " (" + decl.dtype + " is " + std::string(dtype_name(it->second)) + " here)";
+    } else {
+        b.dtypes[decl.dtype] = s.dtype;
+    }
+    const bool batched = is_batched(decl, batch);
+    const std::size_t skip = batched ? 1 : 0;
+    if (batched != s.shape.batched || decl.dims.size() - std::min(decl.dims.size(), skip) != s.shape.axes.size() ||
+        (batched && decl.dims.empty()))
+        return mismatch;
+    for (std::size_t a = 0; a < s.shape.axes.size(); ++a) {
+        const ast::DimExpr& d = decl.dims[a + skip];
+        const Axis& x = s.shape.axes[a];
+        switch (d.kind) {
+        case ast::DimExpr::Kind::fixed:
+            if (x.kind != AxisKind::fixed || x.extent != d.extent) return mismatch;
+            break;
+        case ast::DimExpr::Kind::symbolic:
+        case ast::DimExpr::Kind::ragged: {
+            const bool want_ragged = d.kind == ast::DimExpr::Kind::ragged;
+            if (x.is_ragged() != want_ragged) return mismatch;
+            auto it = b.dims.find(d.name);
+            if (it == b.dims.end()) {
+                b.dims[d.name] = x;
+            } else if (!(it->second == x)) {
+                return mismatch + " (" + d.name + " was bound to " +
+                       (it->second.kind == AxisKind::fixed ? std::to_string(it->second.extent)
+                                                          : it->second.name) +
+                       " by an earlier argument)";
+            }
+        }
+        }
+    }
+    return "";
+}
+
+// ---- programs -----------------------------------------------------------------------------
+
+std::pair<const ast::FnDecl*, const SourceFile*> Program::find_fn(std::string_view name) const {
+    for (const auto& u : units)
+        for (const auto& f : u.module.fns)
+            if (f.name == name) return {&f, u.src.get()};
+    return {nullptr, nullptr};
+}
+
+const ast::ParamsDecl* Program::find_params(std::string_view name) const {
+    for (const auto& u : units)
+        for (const auto& p : u.module.params)
+            if (p.name == name) return &p;
+    return nullptr;
+}
+
+std::vector<std::string> Program::fn_names() const {
+    std::vector<std::string> out;
+    if (!units.empty())
+        for (const auto& f : units[0].module.fns) out.push_back(f.name);
+    return out;
+}
+
+VType Program::params_type(const ast::ParamsDecl& p) const {
+    VType v{VType::Kind::record, {}, p.name, {}, {}};
+    for (const auto& f : p.fields) {
+        VType t = declared_vtype(*this, f.type, {});
+        if (t.kind != VType::Kind::tensor) fail("params field ", p.name, ".", f.name, " must be a tensor");
+        for (const auto& a : t.schema.shape.axes)
+            if (a.kind != AxisKind::fixed)
+                fail("params field ", p.name, ".", f.name, " must have static dimensions, got ",
+                     type_str(f.type));
+        v.fields.push_back({f.name, t});
+    }
+    return v;
+}
+
+namespace {
+
+void load_unit(Program& prog, std::shared_ptr<SourceFile> src, Diagnostics& diags, int depth) {
+    for (const auto& u : prog.units)
+        if (u.src->path() == src->path()) return; // imported twice (or a cycle)
+    Diagnostics local(*src);
+    ast::Module m = parse(*src, local);
+    for (const auto& d : local.items()) diags.error(d.span, d.message, src.get());
+    prog.units.push_back({src, m});
+    namespace fs = std::filesystem;
+    for (const auto& imp : m.imports) {
+        fs::path path = fs::path(src->path()).parent_path() / imp.path;
+        std::ifstream in(path);
+        if (!in || depth > 32) {
+            diags.error(imp.span, "cannot import '" + imp.path + "': no file " + path.string(), src.get());
+            continue;
+        }
+        std::stringstream ss;
+        ss << in.rdbuf();
+        load_unit(prog, std::make_shared<SourceFile>(path.string(), ss.str()), diags, depth + 1);
+    }
+}
+
+LV make_inputs(ir::Builder& b, const VType& t, const std::string& label) {
+    switch (t.kind) {
+    case VType::Kind::tensor: return LV::tensor(b.input(t.schema, label));
+    case VType::Kind::record: {
+        LV r;
+        r.kind = LV::Kind::record;
+        r.name = t.record;
+        for (const auto& [name, ft] : t.fields) r.fields.push_back({name, make_inputs(b, ft, label + "." + name)});
+        return r;
+    }
+    case VType::Kind::tuple: {
+        LV r;
+        r.kind = LV::Kind::tuple;
+        for (std::size_t k = 0; k < t.elems.size(); ++k)
+            r.elems.push_back(make_inputs(b, t.elems[k], label + "." + std::to_string(k)));
+        return r;
+    }
+    }
+    return LV::error();
+}
+
+LV unflatten(const VType& t, const std::vector<int>& ids, std::size_t& pos) {
+    if (t.kind == VType::Kind::tensor) return LV::tensor(ids.at(pos++));
+    LV r;
+    r.kind = t.kind == VType::Kind::record ? LV::Kind::record : LV::Kind::tuple;
+    r.name = t.record;
+    for (const auto& [name, ft] : t.fields) r.fields.push_back({name, unflatten(ft, ids, pos)});
+    for (const auto& e : t.elems) r.elems.push_back(unflatten(e, ids, pos));
+    return r;
+}
+
+} // namespace
+
+Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags) {
+    Program prog;
+    load_unit(prog, std::move(src), diags, 0);
+    return prog;
+}
+
+// ---- the lowerer --------------------------------------------------------------------------
+
+void Lowerer::error(Span s, const std::string& msg) {
+    diags_.error(s, msg, file_);
+    throw Abandon{};
+}
+
+int Lowerer::op(Span at, std::string_view name, std::vector<int> args, Attrs attrs) {
+    try {
+        return b_.op(name, std::move(args), std::move(attrs));
+    } catch (const Error& e) {
+        error(at, e.what());
+    }
+}
+
+int Lowerer::tensor_of(const LV& v, Span at, DType like) {
+    if (v.kind == LV::Kind::tensor) return v.id;
+    if (v.kind == LV::Kind::number) return b_.constant(v.num, like);
+    if (v.kind == LV::Kind::error) throw Abandon{};
+    error(at, "expected a tensor, got " + type_of(v).str());
+}
+
+int Lowerer::tensor(const ast::Expr& e) { return tensor_of(expr(e), e.span, DType::f32); }
+
+double Lowerer::constant(const ast::Expr& e, const char* what) {
+    LV v = expr(e);
+    if (v.kind != LV::Kind::number) error(e.span, std::string(what) + " must be a constant number");
+    return v.num;
+}
+
+VType Lowerer::type_of(const LV& v) const {
+    switch (v.kind) {
+    case LV::Kind::tensor: return VType::tensor(b_.function().type(v.id));
+    case LV::Kind::number: return VType::tensor({DType::f32, Shape{false, {}}});
+    case LV::Kind::record: {
+        VType t{VType::Kind::record, {}, v.name, {}, {}};
+        for (const auto& [n, f] : v.fields) t.fields.push_back({n, type_of(f)});
+        return t;
+    }
+    case LV::Kind::tuple: {
+        VType t{VType::Kind::tuple, {}, {}, {}, {}};
+        for (const auto& e : v.elems) t.elems.push_back(type_of(e));
+        return t;
+    }
+    case LV::Kind::function:
+    case LV::Kind::error: break;
+    }
+    return VType::tensor({});
+}
+
+std::vector<int> Lowerer::flatten(const LV& v) const {
+    if (v.kind == LV::Kind::tensor) return {v.id};
+    std::vector<int> out;
+    for (const auto& [_, f] : v.fields) {
+        auto x = flatten(f);
+        out.insert(out.end(), x.begin(), x.end());
+    }
+    for (const auto& e : v.elems) {
+        auto x = flatten(e);
+        out.insert(out.end(), x.begin(), x.end());
+    }
+    return out;
+}
+
+void Lowerer::bind(const ast::Pattern& p, const LV& v) {
+    if (!p.is_tuple()) {
+        scope_[p.name] = v;
+        return;
+    }
+    if (v.kind == LV::Kind::error) {
+        for (const auto& e : p.elems) bind(e, v);
+        return;
+    }
+    if (v.kind != LV::Kind::tuple || v.elems.size() != p.elems.size()) {
+        for (const auto& e : p.elems) bind(e, LV::error());
+        error(p.span, "cannot destructure " + type_of(v).str() + " into " +
+                          std::to_string(p.elems.size()) + " names");
+    }
+    for (std::size_t k = 0; k < p.elems.size(); ++k) bind(p.elems[k], v.elems[k]);
+}
+
+LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::vector<LV>& args, Span at) {
+    if (depth_ > 48) error(at, "calls nested too deeply at " + fn.name + " (recursion is not supported)");
+    if (args.size() != fn.params.size())
+        error(at, fn.name + " takes " + std::to_string(fn.params.size()) + " argument" +
+                      (fn.params.size() == 1 ? "" : "s") + ", got " + std::to_string(args.size()));
+    const auto batch = batch_names(fn);
+    Bindings bound;
+    Lowerer inner(prog_, diags_, b_, depth_ + 1);
+    inner.file_ = file;
+    for (std::size_t k = 0; k < args.size(); ++k) {
+        const ast::Param& p = fn.params[k];
+        LV a = args[k];
+        if (a.kind == LV::Kind::error) throw Abandon{};
+        if (a.kind == LV::Kind::number && p.type.kind == ast::TypeExpr::Kind::tensor) {
+            auto dt = parse_dtype(p.type.dtype);
+            auto it = bound.dtypes.find(p.type.dtype);
+            a = LV::tensor(b_.constant(a.num, dt ? *dt : it != bound.dtypes.end() ? it->second : DType::f32));
+        }
+        auto msg = match_type(prog_, type_of(a), p.type, batch, bound);
+        if (!msg.empty()) error(at, fn.name + ": argument " + p.name + ": " + msg);
+        inner.scope_[p.name] = a;
+    }
+    std::optional<LV> result;
+    bool failed = false;
+    for (const auto& st : fn.body) {
+        try {
+            LV v = inner.expr(*st.value);
+            if (st.kind == ast::Stmt::Kind::ret) {
+                result = v;
+                break;
+            }
+            inner.bind(st.target, v);
+        } catch (const Abandon&) {
+            failed = true;
+            if (st.kind == ast::Stmt::Kind::ret) break;
+            try {
+                inner.bind(st.target, LV::error());
+            } catch (const Abandon&) {
+            }
+        }
+    }
+    if (failed) throw Abandon{};
+    if (!result) inner.error(fn.name_span, "fn " + fn.name + " ends without a return");
+    if (fn.result) {
+        auto msg = match_type(prog_, inner.type_of(*result), *fn.result, batch, bound);
+        if (!msg.empty()) inner.error(fn.result->span, fn.name + " returns a value that does not match its declared type: " + msg);
+    }
+    return *result;
+}
+
+LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
+    auto [fn, file] = prog_.find_fn(f.name);
+    if (!fn) error(at, "unknown function " + f.name);
+    if (std::size_t(f.grad_wrt) >= args.size())
+        error(at, f.name + " is differentiated with respect to argument " +
+                      std::to_string(f.grad_wrt) + " but is called with " + std::to_string(args.size()));
+    ir::Function sub;
+    sub.name = f.name;
+    ir::Builder sb(sub);
+    std::vector<LV> sub_args;
+    std::vector<int> flat_args;
+    std::vector<int> wrt;
+    for (std::size_t k = 0; k < args.size(); ++k) {
+        if (args[k].kind == LV::Kind::error) throw Abandon{};
+        VType t = type_of(args[k]);
+        LV in = make_inputs(sb, t, fn->params.size() > k ? fn->params[k].name : "arg");
+        auto ids = flatten(in);
+        for (std::size_t j = 0; j < ids.size(); ++j)
+            if (int(k) == f.grad_wrt) wrt.push_back(int(flat_args.size() + j));
+        auto outer = args[k].kind == LV::Kind::number ? std::vector<int>{tensor_of(args[k], at, DType::f32)}
+                                                      : flatten(args[k]);
+        flat_args.insert(flat_args.end(), outer.begin(), outer.end());
+        sub_args.push_back(in);
+    }
+    Lowerer inner(prog_, diags_, sb, depth_ + 1);
+    inner.file_ = file_;
+    LV r = inner.call_fn(*fn, file, sub_args, at);
+    if (r.kind != LV::Kind::tensor) error(at, f.name + " must return a scalar tensor to be differentiated, got " + inner.type_of(r).str());
+    sub.outputs = {r.id};
+    ir::Function d;
+    try {
+        d = ir::differentiate(sub, 0, wrt);
+    } catch (const Error& e) {
+        error(at, e.what());
+    }
+    auto outs = ir::inline_call(b_.function(), d, flat_args);
+    std::size_t pos = 1;
+    LV grad = unflatten(type_of(args[std::size_t(f.grad_wrt)]), outs, pos);
+    if (!f.with_value) return grad;
+    LV t;
+    t.kind = LV::Kind::tuple;
+    t.elems = {LV::tensor(outs[0]), grad};
+    return t;
+}
+
+LV Lowerer::expr(const ast::Expr& e) {
+    using K = ast::Expr::Kind;
+    switch (e.kind) {
+    case K::integer: return LV::number(double(e.ival));
+    case K::floating: return LV::number(e.fval);
+    case K::boolean: return LV::number(e.bval ? 1.0 : 0.0);
+    case K::name: {
+        if (auto it = scope_.find(e.name); it != scope_.end()) {
+            if (it->second.kind == LV::Kind::error) throw Abandon{};
+            return it->second;
+        }
+        if (prog_.find_fn(e.name).first) {
+            LV f;
+            f.kind = LV::Kind::function;
+            f.name = e.name;
+            return f;
+        }
+        if (find_builtin(e.name)) error(e.span, "builtin " + e.name + " must be called: " + e.name + "(...)");
+        error(e.span, "unknown name '" + e.name + "'");
+    }
+    case K::unary: {
+        LV v = expr(*e.operands[0]);
+        if (v.kind == LV::Kind::number) return LV::number(-v.num);
+        return LV::tensor(op(e.span, "neg", {tensor_of(v, e.operands[0]->span, DType::f32)}));
+    }
+    case K::binary: return binary(e);
+    case K::call: return call(e);
+    case K::index: return index(e);
+    case K::member: {
+        LV base = expr(*e.operands[0]);
+        if (base.kind == LV::Kind::record) {
+            for (const auto& [n, f] : base.fields)
+                if (n == e.name) return f;
+            error(e.span, base.name + " has no field '" + e.name + "'");
+        }
+        error(e.span, "'." + e.name + "' needs a params value, got " + type_of(base).str());
+    }
+    case K::tuple: {
+        LV t;
+        t.kind = LV::Kind::tuple;
+        for (const auto& x : e.operands) t.elems.push_back(expr(*x));
+        return t;
+    }
+    }
+    error(e.span, "unsupported expression");
+}
+
+LV Lowerer::binary(const ast::Expr& e) {
+    static const std::map<std::string, std::string, std::less<>> ops = {
+        {"+", "add"}, {"-", "sub"}, {"*", "mul"}, {"/", "div"}, {"**", "pow"}, {"@", "matmul"},
+        {"<", "lt"},  {"<=", "le"}, {">", "gt"},  {">=", "ge"}, {"==", "eq"},  {"!=", "ne"}};
+    LV a = expr(*e.operands[0]);
+    LV b = expr(*e.operands[1]);
+    auto it = ops.find(e.op);
+    if (it == ops.end()) error(e.span, "unknown operator " + e.op);
+    if (a.kind == LV::Kind::number && b.kind == LV::Kind::number) {
+        double x = a.num, y = b.num;
+        if (e.op == "+") return LV::number(x + y);
+        if (e.op == "-") return LV::number(x - y);
+        if (e.op == "*") return LV::number(x * y);
+        if (e.op == "/") return LV::number(x / y);
+        if (e.op == "**") return LV::number(std::pow(x, y));
+        if (e.op == "<") return LV::number(x < y);
+        if (e.op == "<=") return LV::number(x <= y);
+        if (e.op == ">") return LV::number(x > y);
+        if (e.op == ">=") return LV::number(x >= y);
+        if (e.op == "==") return LV::number(x == y);
+        if (e.op == "!=") return LV::number(x != y);
+        error(e.span, "'@' needs tensors");
+    }
+    // A literal takes the dtype of the tensor on the other side.
+    DType like = a.kind == LV::Kind::tensor   ? b_.function().type(a.id).dtype
+                 : b.kind == LV::Kind::tensor ? b_.function().type(b.id).dtype
+                                              : DType::f32;
+    int x = tensor_of(a, e.operands[0]->span, like);
+    int y = tensor_of(b, e.operands[1]->span, like);
+    return LV::tensor(op(e.span, it->second, {x, y}));
+}
+
+LV Lowerer::index(const ast::Expr& e) {
+    int base = tensor(*e.operands[0]);
+    std::string spec;
+    for (std::size_t k = 0; k < e.items.size(); ++k) {
+        const auto& it = e.items[k];
+        if (k) spec += ", ";
+        switch (it.kind) {
+        case ast::IndexItem::Kind::keep: spec += ":"; break;
+        case ast::IndexItem::Kind::newaxis: spec += "new"; break;
+        case ast::IndexItem::Kind::index: spec += std::to_string(it.index); break;
+        case ast::IndexItem::Kind::slice:
+            spec += (it.lo ? std::to_string(*it.lo) : "") + ":" + (it.hi ? std::to_string(*it.hi) : "");
+            break;
+        }
+    }
+    Attrs at;
+    at.set("spec", spec);
+    return LV::tensor(op(e.span, "index", {base}, at));
+}
+
+LV Lowerer::call(const ast::Expr& e) {
+    const ast::Expr& callee = *e.operands[0];
+    if (callee.kind == ast::Expr::Kind::name && !scope_.count(callee.name) &&
+        !prog_.find_fn(callee.name).first) {
+        if (const Builtin* b = find_builtin(callee.name)) return (*b)(*this, e);
+    }
+    LV f = expr(callee);
+    if (f.kind != LV::Kind::function) error(callee.span, "this is not a function: " + type_of(f).str());
+    std::vector<LV> args;
+    for (const auto& a : e.args) {
+        if (!a.keyword.empty())
+            error(a.span, "keyword argument '" + a.keyword + "': user functions take positional arguments");
+        args.push_back(expr(*a.value));
+    }
+    if (f.grad_wrt >= 0) return apply_grad(f, args, e.span);
+    auto [fn, file] = prog_.find_fn(f.name);
+    return call_fn(*fn, file, args, e.span);
+}
+
+// ---- entry points -------------------------------------------------------------------------
+
+std::optional<Lowered> lower(const Program& prog, std::string_view name,
+                             const std::optional<std::vector<VType>>& args, Diagnostics& diags) {
+    auto [fn, file] = prog.find_fn(name);
+    if (!fn) {
+        diags.error({}, "no function named '" + std::string(name) + "'");
+        return std::nullopt;
+    }
+    ir::Function f;
+    f.name = std::string(name);
+    ir::Builder b(f);
+    Lowerer L(prog, diags, b);
+    Lowered out;
+    try {
+        const auto batch = batch_names(*fn);
+        if (args && args->size() != fn->params.size()) {
+            diags.error(fn->name_span, fn->name + " takes " + std::to_string(fn->params.size()) +
+                                           " arguments, got " + std::to_string(args->size()), file);
+            return std::nullopt;
+        }
+        Bindings bound;
+        std::vector<LV> inputs;
+        for (std::size_t k = 0; k < fn->params.size(); ++k) {
+            const ast::Param& p = fn->params[k];
+            VType t;
+            try {
+                if (!args) {
+                    t = declared_vtype(prog, p.type, batch);
+                } else {
+                    auto msg = match_type(prog, (*args)[k], p.type, batch, bound);
+                    if (!msg.empty()) fail("argument ", p.name, ": ", msg);
+                    t = rename((*args)[k], p.type);
+                }
+            } catch (const Error& e) {
+                diags.error(p.type.span, e.what(), file);
+                return std::nullopt;
+            }
+            out.params.push_back(t);
+            inputs.push_back(make_inputs(b, t, p.name));
+        }
+        LV r = L.call_fn(*fn, file, inputs, fn->name_span);
+        f.outputs = L.flatten(r);
+        out.result = L.type_of(r);
+        ir::verify(f);
+    } catch (const Abandon&) {
+        return std::nullopt;
+    } catch (const Error& e) {
+        diags.error(fn->name_span, std::string("internal error: ") + e.what(), file);
+        return std::nullopt;
+    }
+    out.fn = ir::eliminate_dead_code(f);
+    return out;
+}
+
+void check(const Program& prog, Diagnostics& diags) {
+    for (const auto& u : prog.units)
+        for (const auto& fn : u.module.fns)
+            if (fn.type_params.empty()) lower(prog, fn.name, std::nullopt, diags);
+}
+
+} // namespace rag::frontend

@@ -1,0 +1,63 @@
+// Lowering: checked AST -> SSA IR, specialised on argument schemas. This is also the schema
+// checker: every expression's schema is inferred through the op table's type rules, and type
+// errors become diagnostics at the expression's span.
+//
+// Decisions: calls of user functions are inlined; params groups and tuples are flattened into
+// their tensors, so the IR holds tensors only; `grad`/`value_and_grad` lower the function on its
+// own, differentiate that IR (ir/autodiff) and inline the result.
+#pragma once
+#include "frontend/ast.hpp"
+#include "ir/ir.hpp"
+
+#include <map>
+#include <optional>
+
+namespace rag::frontend {
+
+// The type of a language value: a tensor schema, a params record, or a tuple.
+struct VType {
+    enum class Kind { tensor, record, tuple } kind = Kind::tensor;
+    Schema schema;                                          // tensor
+    std::string record;                                     // record: the params group's name
+    std::vector<std::pair<std::string, VType>> fields;      // record
+    std::vector<VType> elems;                               // tuple
+
+    static VType tensor(Schema s) { return {Kind::tensor, std::move(s), {}, {}, {}}; }
+    std::string str() const;
+    std::vector<Schema> flatten() const; // the tensors, in order
+    bool operator==(const VType&) const = default;
+};
+
+// A parsed program: the main file and the files it imports, each with its syntax tree.
+struct Program {
+    struct Unit {
+        std::shared_ptr<SourceFile> src;
+        ast::Module module;
+    };
+    std::vector<Unit> units; // [0] is the main file
+
+    // The declaration and the file it is in; nullptr if there is none.
+    std::pair<const ast::FnDecl*, const SourceFile*> find_fn(std::string_view name) const;
+    const ast::ParamsDecl* find_params(std::string_view name) const;
+    std::vector<std::string> fn_names() const; // of the main file, in source order
+    VType params_type(const ast::ParamsDecl& p) const; // rag::Error if a field is not static
+};
+
+// Parses `src` and its imports. Diagnostics go to `diags` (for the file they are in).
+Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags);
+
+struct Lowered {
+    ir::Function fn;
+    std::vector<VType> params; // specialised parameter types (tensor ragged names as declared)
+    VType result;
+};
+
+// Lowers `fn` specialised on `args` (runtime types; nullopt: the declared types). Returns
+// nullopt after reporting diagnostics.
+std::optional<Lowered> lower(const Program& prog, std::string_view fn,
+                             const std::optional<std::vector<VType>>& args, Diagnostics& diags);
+
+// Type-checks every non-generic function on its declared types.
+void check(const Program& prog, Diagnostics& diags);
+
+} // namespace rag::frontend

@@ -1,0 +1,84 @@
+// Internal to the frontend: the state of lowering one function body (lower.cpp) and the table
+// of builtin functions (builtins.cpp) that shares it.
+#pragma once
+#include "frontend/lower.hpp"
+
+#include <functional>
+#include <set>
+
+namespace rag::frontend {
+
+// A language value during lowering.
+struct LV {
+    enum class Kind { tensor, number, record, tuple, function, error } kind = Kind::error;
+    int id = -1;                                  // tensor: IR value
+    double num = 0;                               // number literal (dtype decided by use)
+    std::string name;                             // record: params type; function: fn name
+    std::vector<std::pair<std::string, LV>> fields; // record
+    std::vector<LV> elems;                        // tuple
+    // function: a gradient transform of `name` when grad_wrt >= 0
+    int grad_wrt = -1;
+    bool with_value = false;
+
+    static LV tensor(int id) { return {Kind::tensor, id, 0, {}, {}, {}, -1, false}; }
+    static LV number(double v) { return {Kind::number, -1, v, {}, {}, {}, -1, false}; }
+    static LV error() { return {}; }
+};
+
+// Thrown after a diagnostic was reported, to abandon the current statement.
+struct Abandon {};
+
+// Dimension names bound while matching values against a signature.
+struct Bindings {
+    std::map<std::string, Axis> dims;    // symbolic or ragged declared name -> actual axis
+    std::map<std::string, DType> dtypes; // type parameters
+};
+
+class Lowerer {
+  public:
+    Lowerer(const Program& prog, Diagnostics& diags, ir::Builder& b, int depth = 0)
+        : prog_(prog), diags_(diags), b_(b), depth_(depth) {}
+
+    // Inlines a call of `fn` with argument values; reports and throws Abandon on errors.
+    LV call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::vector<LV>& args, Span at);
+    LV expr(const ast::Expr& e);
+
+    // Helpers for builtins.
+    [[noreturn]] void error(Span s, const std::string& msg);
+    int tensor(const ast::Expr& e);                  // lowers e; must be a tensor
+    int tensor_of(const LV& v, Span at, DType like); // a number becomes a const of `like`
+    int op(Span at, std::string_view name, std::vector<int> args, Attrs attrs = {});
+    double constant(const ast::Expr& e, const char* what); // a compile-time number
+    VType type_of(const LV& v) const;
+    std::vector<int> flatten(const LV& v) const;
+    ir::Builder& builder() { return b_; }
+    const Program& program() const { return prog_; }
+    Diagnostics& diags() { return diags_; }
+    int depth() const { return depth_; }
+    LV apply_grad(const LV& f, const std::vector<LV>& args, Span at);
+
+  private:
+    LV call(const ast::Expr& e);
+    LV binary(const ast::Expr& e);
+    LV index(const ast::Expr& e);
+    void bind(const ast::Pattern& p, const LV& v);
+
+    const Program& prog_;
+    Diagnostics& diags_;
+    ir::Builder& b_;
+    int depth_;
+    const SourceFile* file_ = nullptr;
+    std::map<std::string, LV> scope_;
+};
+
+// A builtin function: lowers a call expression whose callee is the builtin's name.
+using Builtin = std::function<LV(Lowerer& L, const ast::Expr& call)>;
+const Builtin* find_builtin(std::string_view name);
+
+// Matches a type against a declared type, binding names; returns "" or why it does not match.
+std::string match_type(const Program& prog, const VType& actual, const ast::TypeExpr& decl,
+                       const std::set<std::string>& batch_names, Bindings& b);
+// The names used as the batch axis in a signature (first dim of each ragged type).
+std::set<std::string> batch_names(const ast::FnDecl& fn);
+
+} // namespace rag::frontend

@@ -1,0 +1,11 @@
+// The reference interpreter: runs IR on RaggedTensors through the op table's reference
+// kernels. It is the oracle every compiled tier is compared with.
+#pragma once
+#include "ir/ir.hpp"
+
+namespace rag::ir {
+
+// Inputs must have the function's input schemas (rag::Error naming the argument otherwise).
+std::vector<RaggedTensor> interpret(const Function& f, const std::vector<RaggedTensor>& inputs);
+
+} // namespace rag::ir
