@@ -154,7 +154,8 @@ RaggedTensor forward(std::span<const RaggedTensor> in, const Attrs& at) {
             for (std::int64_t n = 0; n < N; ++n)
                 for (std::int64_t c = 0; c < Dv; ++c) {
                     double s = 0;
-                    for (std::int64_t j = 0; j < M; ++j) s += p[std::size_t(n * M + j)] * v(j, h, c);
+                    for (std::int64_t j = 0; j < M; ++j)
+                        s += p[std::size_t(n * M + j)] * v(j, h, c);
                     out[std::size_t(o.at(n, h, c))] = s;
                 }
         }
@@ -190,7 +191,8 @@ RaggedTensor backward(std::span<const RaggedTensor> in, const Attrs& at) {
                 double* row = ds.data() + n * M;
                 double rowsum = 0;
                 for (std::int64_t j = 0; j < M; ++j) {
-                    for (std::int64_t c = 0; c < v.width(); ++c) row[j] += dout(n, h, c) * v(j, h, c);
+                    for (std::int64_t c = 0; c < v.width(); ++c)
+                        row[j] += dout(n, h, c) * v(j, h, c);
                     rowsum += row[j] * P(n, j);
                 }
                 for (std::int64_t j = 0; j < M; ++j) row[j] = P(n, j) * (row[j] - rowsum);
@@ -199,8 +201,10 @@ RaggedTensor backward(std::span<const RaggedTensor> in, const Attrs& at) {
                 for (std::int64_t j = 0; j < M; ++j) {
                     const double s = x.opt.scale * ds[std::size_t(n * M + j)];
                     for (std::int64_t d = 0; d < q.width(); ++d) {
-                        if (wrt == 0) acc(n, h, d) += s * k(j, h, d);
-                        else acc(j, h, d) += s * q(n, h, d);
+                        if (wrt == 0)
+                            acc(n, h, d) += s * k(j, h, d);
+                        else
+                            acc(j, h, d) += s * q(n, h, d);
                     }
                 }
         }
@@ -228,7 +232,9 @@ void register_attention_ops(OpTable& t) {
                return grads;
            }});
 
-    t.add({"attention_grad", 4, 4,
+    t.add({"attention_grad",
+           4,
+           4,
            "attention_grad(q, k, v, dO, causal=false, scale=1/sqrt(D), wrt=0|1|2): the cotangent "
            "of attention's q, k or v given dO, recomputing the probabilities; 0 where no key is "
            "visible",
@@ -245,7 +251,8 @@ void register_attention_ops(OpTable& t) {
                if (wrt < 0 || wrt > 2) fail(op, ": wrt must be 0 (q), 1 (k) or 2 (v), got ", wrt);
                return in[std::size_t(wrt)];
            },
-           backward, {}});
+           backward,
+           {}});
 }
 
 } // namespace rag
