@@ -178,6 +178,7 @@ std::string match_type(const Program& prog, const VType& actual, const ast::Type
             const bool want_ragged = d.kind == ast::DimExpr::Kind::ragged;
             if (x.is_ragged() != want_ragged) return mismatch;
             auto it = b.dims.find(d.name);
+            if (want_ragged && b.relabel_ragged) break;
             if (it == b.dims.end()) {
                 b.dims[d.name] = x;
             } else if (!(it->second == x)) {
@@ -607,6 +608,7 @@ std::optional<Lowered> lower(const Program& prog, std::string_view name,
             return std::nullopt;
         }
         Bindings bound;
+        bound.relabel_ragged = true;
         std::vector<LV> inputs;
         for (std::size_t k = 0; k < fn->params.size(); ++k) {
             const ast::Param& p = fn->params[k];

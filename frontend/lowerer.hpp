@@ -32,6 +32,9 @@ struct Abandon {};
 struct Bindings {
     std::map<std::string, Axis> dims;    // symbolic or ragged declared name -> actual axis
     std::map<std::string, DType> dtypes; // type parameters
+    // At an entry point the arguments are relabelled with the declared ragged names, so any
+    // ragged axis may bind to a declared name (extents are then checked per sample).
+    bool relabel_ragged = false;
 };
 
 class Lowerer {

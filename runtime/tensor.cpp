@@ -2,6 +2,7 @@
 
 #include "runtime/error.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -254,8 +255,11 @@ std::string describe(const RaggedTensor& t) {
     std::string out = t.schema().str();
     if (!t.shape().batched) return out;
     out += " B=" + std::to_string(t.batch());
+    std::vector<std::string> shown;
     for (int a = 0; a < t.structure().rank(); ++a) {
-        if (!t.shape().axes[a].is_ragged()) continue;
+        const std::string& name = t.shape().axes[a].name;
+        if (!t.shape().axes[a].is_ragged() || std::count(shown.begin(), shown.end(), name)) continue;
+        shown.push_back(name);
         out += " " + t.shape().axes[a].name + "=[";
         auto l = t.structure().lengths(a);
         for (std::size_t i = 0; i < l.size(); ++i) out += (i ? ", " : "") + std::to_string(l[i]);
