@@ -1,5 +1,6 @@
 // The `rag` command: check, run and inspect .rag programs.
 #include "dsl/module.hpp"
+#include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
@@ -28,6 +29,7 @@ commands:
                                 the params back, and print each loss
       --stats                   print compilations and cache hits per function
   ir FILE --fn NAME             print the SSA IR of NAME on its declared types
+  repl                          an interactive session (:help inside)
   --help                        this text
 )";
 
@@ -166,6 +168,7 @@ int main(int argc, char** argv) {
             std::fputs(usage, stdout);
             return 0;
         }
+    if (!a.empty() && a[0] == "repl") return run_repl(stdin, stdout);
     if (a.size() < 2) {
         std::fputs(usage, stderr);
         return 2;
