@@ -53,7 +53,14 @@ Schema infer_schema(const OpDef& op, std::span<const Schema> in, const Attrs& at
              op.max_args < 0 ? std::string("any number of") : std::to_string(op.max_args),
              " arguments, got ", n);
     }
-    return op.type(in, at);
+    try {
+        return op.type(in, at);
+    } catch (const Error& e) {
+        // Every message names the op (attribute errors come from shared helpers).
+        std::string msg = e.what();
+        if (msg.rfind(op.name + ":", 0) == 0 || msg.rfind(op.name + " ", 0) == 0) throw;
+        fail(op.name, ": ", msg);
+    }
 }
 
 RaggedTensor evaluate(std::string_view name, std::span<const RaggedTensor> args, const Attrs& at) {
