@@ -28,6 +28,8 @@ commands:
       --steps K                 for a function returning (loss, params): run K steps, feeding
                                 the params back, and print each loss
       --stats                   print compilations and cache hits per function
+      --tier jit|interp         the LLVM-compiled CPU tier (default) or the reference
+                                interpreter
   ir FILE --fn NAME             print the SSA IR of NAME on its declared types
   repl                          an interactive session (:help inside)
   --help                        this text
@@ -39,6 +41,7 @@ struct Options {
     std::uint64_t seed = 0;
     int steps = 0;
     bool stats = false;
+    Tier tier = Tier::jit;
 };
 
 std::vector<std::int64_t> parse_lengths(const std::string& s) {
@@ -118,6 +121,7 @@ int cmd_check(const std::string& path) {
 int cmd_run(const std::string& path, const Options& o) {
     if (o.fn.empty()) fail("run needs --fn NAME");
     auto m = Module::load(path);
+    m->set_tier(o.tier);
     Diagnostics diags(*m->program().units[0].src);
     auto decl = frontend::lower(m->program(), o.fn, std::nullopt, diags);
     if (!decl) throw CompileError(diags.str());
@@ -185,6 +189,11 @@ int main(int argc, char** argv) {
             else if (a[k] == "--seed") o.seed = std::stoull(value());
             else if (a[k] == "--steps") o.steps = std::stoi(value());
             else if (a[k] == "--stats") o.stats = true;
+            else if (a[k] == "--tier") {
+                const std::string& t = value();
+                if (t != "jit" && t != "interp") fail("--tier takes jit or interp, got '", t, "'");
+                o.tier = t == "jit" ? Tier::jit : Tier::interpreter;
+            }
             else fail("unknown option '", a[k], "' (see rag --help)");
         }
         if (a[0] == "check") return cmd_check(a[1]);

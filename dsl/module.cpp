@@ -2,6 +2,7 @@
 
 #include "frontend/lower.hpp"
 #include "ir/interpreter.hpp"
+#include "jit/cpu_jit.hpp"
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
@@ -39,6 +40,7 @@ std::string Value::type_str() const {
 
 struct Module::Compiled {
     frontend::Lowered lowered;
+    std::unique_ptr<jit::CpuFunction> cpu; // null on the interpreter tier
 };
 
 namespace {
@@ -120,7 +122,7 @@ std::vector<std::string> Module::functions() const { return prog_->fn_names(); }
 
 const Module::Compiled& Module::specialise(std::string_view fn, const std::vector<Value>& args) {
     std::vector<frontend::VType> types;
-    std::string key(fn);
+    std::string key = (tier_ == Tier::jit ? "jit:" : "interp:") + std::string(fn);
     for (const auto& a : args) {
         types.push_back(vtype_of(a));
         key += "|" + types.back().str();
@@ -134,10 +136,12 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     Diagnostics diags(*prog_->units.at(0).src);
     auto lowered = frontend::lower(*prog_, fn, types, diags);
     if (!lowered) throw CompileError(diags.str());
+    auto compiled = std::make_unique<Compiled>(Compiled{std::move(*lowered), nullptr});
+    if (tier_ == Tier::jit) compiled->cpu = jit::compile_cpu(compiled->lowered.fn);
     ++st.compilations;
     st.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto& slot = cache_[key];
-    slot = std::make_unique<Compiled>(Compiled{std::move(*lowered)});
+    slot = std::move(compiled);
     return *slot;
 }
 
@@ -169,7 +173,7 @@ Value Module::call(std::string_view fn, const std::vector<Value>& args) {
                          " has ", ax.name, " = ", it->second.second[i]);
         }
     }
-    auto out = ir::interpret(c.lowered.fn, flat);
+    auto out = c.cpu ? c.cpu->run(flat) : ir::interpret(c.lowered.fn, flat);
     std::size_t pos = 0;
     return unflatten(c.lowered.result, out, pos);
 }

@@ -39,6 +39,9 @@ class CompileError : public Error {
     using Error::Error;
 };
 
+// Where calls run: the reference interpreter (the oracle) or the LLVM-compiled CPU tier.
+enum class Tier { interpreter, jit };
+
 struct FnStats {
     int compilations = 0;
     int cache_hits = 0;
@@ -58,6 +61,8 @@ class Module {
     // The IR of fn specialised on these arguments (or on its declared types).
     std::string ir(std::string_view fn, const std::optional<std::vector<Value>>& args = std::nullopt);
     std::map<std::string, FnStats> stats() const { return stats_; }
+    void set_tier(Tier t) { tier_ = t; }
+    Tier tier() const { return tier_; }
     const frontend::Program& program() const { return *prog_; }
 
   private:
@@ -68,6 +73,7 @@ class Module {
     std::unique_ptr<frontend::Program> prog_;
     std::map<std::string, std::unique_ptr<Compiled>> cache_;
     std::map<std::string, FnStats> stats_;
+    Tier tier_ = Tier::jit;
 };
 
 } // namespace rag

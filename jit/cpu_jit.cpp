@@ -1,0 +1,331 @@
+#include "jit/cpu_jit.hpp"
+
+#include "runtime/error.hpp"
+
+#include <cblas.h>
+#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/Analysis/TargetLibraryInfo.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/DynamicLibrary.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+
+#include <atomic>
+#include <mutex>
+#include <numbers>
+#include <thread>
+
+namespace rag::jit {
+namespace {
+
+using Kernel = void (*)(std::int64_t begin, std::int64_t end, void* const* in, void* const* out,
+                        const std::int64_t* rows);
+
+struct Jit {
+    std::unique_ptr<llvm::orc::LLJIT> lljit;
+    std::unique_ptr<llvm::TargetMachine> tm;
+    std::mutex mu;
+};
+
+Jit& jit() {
+    static Jit* j = [] {
+        llvm::InitializeNativeTarget();
+        llvm::InitializeNativeTargetAsmPrinter();
+        auto jtmb = llvm::cantFail(llvm::orc::JITTargetMachineBuilder::detectHost());
+        jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
+        auto* out = new Jit; // lives as long as the process: compiled code may run at exit
+        out->tm = llvm::cantFail(jtmb.createTargetMachine());
+        out->lljit = llvm::cantFail(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create());
+        // libm (tanh, erfc), libmvec (SIMD exp, log, pow) and the rest of the process are
+        // reachable from generated code.
+        llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
+        out->lljit->getMainJITDylib().addGenerator(
+            llvm::cantFail(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+                out->lljit->getDataLayout().getGlobalPrefix())));
+        return out;
+    }();
+    return *j;
+}
+
+// Emits the body of one fused loop: element i of every output from element i of the inputs.
+class GroupEmitter {
+  public:
+    GroupEmitter(llvm::Module& m, const ir::Function& f, const FusedGroup& g)
+        : m_(m), f_(f), g_(g), b_(m.getContext()),
+          t_(g.dtype == DType::f32 ? b_.getFloatTy() : b_.getDoubleTy()) {}
+
+    void emit(const std::string& name) {
+        auto& ctx = m_.getContext();
+        auto* i64 = b_.getInt64Ty();
+        auto* ptr = llvm::PointerType::get(ctx, 0);
+        auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr}, false);
+        auto* fn = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+        auto args = fn->arg_begin();
+        llvm::Value *begin = args++, *end = args++, *ins = args++, *outs = args++, *rows = args++;
+        auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
+        auto* loop = llvm::BasicBlock::Create(ctx, "loop", fn);
+        auto* body = llvm::BasicBlock::Create(ctx, "body", fn);
+        auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
+        b_.SetInsertPoint(entry);
+        std::vector<llvm::Value*> in_ptr, row_len, out_ptr;
+        for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
+            in_ptr.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ins, k)));
+            row_len.push_back(b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, rows, k)));
+        }
+        for (std::size_t k = 0; k < g_.outputs.size(); ++k)
+            out_ptr.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, outs, k)));
+        b_.CreateBr(loop);
+        b_.SetInsertPoint(loop);
+        auto* i = b_.CreatePHI(i64, 2);
+        i->addIncoming(begin, entry);
+        b_.CreateCondBr(b_.CreateICmpSLT(i, end), body, exit);
+        b_.SetInsertPoint(body);
+        for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
+            llvm::Value* at = g_.inputs[k].access == Access::full  ? static_cast<llvm::Value*>(i)
+                              : g_.inputs[k].access == Access::row ? b_.CreateURem(i, row_len[k])
+                                                                    : b_.getInt64(0);
+            vals_[g_.inputs[k].value] = b_.CreateLoad(t_, b_.CreateGEP(t_, in_ptr[k], at));
+        }
+        for (int v : g_.nodes) vals_[v] = node(f_.nodes[std::size_t(v)]);
+        for (std::size_t k = 0; k < g_.outputs.size(); ++k)
+            b_.CreateStore(vals_[g_.outputs[k]], b_.CreateGEP(t_, out_ptr[k], i));
+        i->addIncoming(b_.CreateAdd(i, b_.getInt64(1)), body);
+        b_.CreateBr(loop);
+        b_.SetInsertPoint(exit);
+        b_.CreateRetVoid();
+    }
+
+  private:
+    llvm::Value* c(double v) { return llvm::ConstantFP::get(t_, v); }
+    llvm::Value* intrinsic(llvm::Intrinsic::ID id, std::vector<llvm::Value*> args) {
+        return b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id, {t_}), args);
+    }
+    llvm::Value* libm(const char* f32, const char* f64, llvm::Value* x) {
+        auto callee = m_.getOrInsertFunction(t_->isFloatTy() ? f32 : f64, t_, t_);
+        return b_.CreateCall(callee, {x});
+    }
+    llvm::Value* sigmoid(llvm::Value* x) {
+        return b_.CreateFDiv(c(1), b_.CreateFAdd(c(1), intrinsic(llvm::Intrinsic::exp, {b_.CreateFNeg(x)})));
+    }
+
+    // One op of the fused set, with the reference kernels' semantics (ties, NaN order).
+    llvm::Value* node(const ir::Node& n) {
+        auto arg = [&](int k) { return vals_.at(n.args[std::size_t(k)]); };
+        const std::string& op = n.op;
+        if (op == "neg") return b_.CreateFNeg(arg(0));
+        if (op == "exp") return intrinsic(llvm::Intrinsic::exp, {arg(0)});
+        if (op == "log") return intrinsic(llvm::Intrinsic::log, {arg(0)});
+        if (op == "sqrt") return intrinsic(llvm::Intrinsic::sqrt, {arg(0)});
+        if (op == "rsqrt") return b_.CreateFDiv(c(1), intrinsic(llvm::Intrinsic::sqrt, {arg(0)}));
+        if (op == "abs") return intrinsic(llvm::Intrinsic::fabs, {arg(0)});
+        if (op == "tanh") return libm("tanhf", "tanh", arg(0));
+        if (op == "sigmoid") return sigmoid(arg(0));
+        if (op == "relu") return b_.CreateSelect(b_.CreateFCmpOGT(arg(0), c(0)), arg(0), c(0));
+        if (op == "gelu") {
+            llvm::Value* phi = b_.CreateFMul(c(0.5), libm("erfcf", "erfc", b_.CreateFMul(arg(0), c(-1 / std::numbers::sqrt2))));
+            return b_.CreateFMul(arg(0), phi);
+        }
+        if (op == "silu") return b_.CreateFMul(arg(0), sigmoid(arg(0)));
+        if (op == "add") return b_.CreateFAdd(arg(0), arg(1));
+        if (op == "sub") return b_.CreateFSub(arg(0), arg(1));
+        if (op == "mul") return b_.CreateFMul(arg(0), arg(1));
+        if (op == "div") return b_.CreateFDiv(arg(0), arg(1));
+        if (op == "pow") return intrinsic(llvm::Intrinsic::pow, {arg(0), arg(1)});
+        if (op == "maximum") return b_.CreateSelect(b_.CreateFCmpOGE(arg(0), arg(1)), arg(0), arg(1));
+        if (op == "minimum") return b_.CreateSelect(b_.CreateFCmpOLE(arg(0), arg(1)), arg(0), arg(1));
+        if (op == "scale") return b_.CreateFMul(arg(0), c(n.attrs.get_float("c")));
+        fail("internal: the CPU JIT cannot fuse ", op);
+    }
+
+    llvm::Module& m_;
+    const ir::Function& f_;
+    const FusedGroup& g_;
+    llvm::IRBuilder<> b_;
+    llvm::Type* t_;
+    std::map<int, llvm::Value*> vals_;
+};
+
+void optimise(llvm::Module& m, llvm::TargetMachine& tm) {
+    llvm::LoopAnalysisManager lam;
+    llvm::FunctionAnalysisManager fam;
+    llvm::CGSCCAnalysisManager cgam;
+    llvm::ModuleAnalysisManager mam;
+    // glibc's libmvec gives the loop vectoriser SIMD exp, log and pow.
+    llvm::TargetLibraryInfoImpl tlii(llvm::Triple(m.getTargetTriple()));
+    tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86,
+                                            llvm::Triple(m.getTargetTriple()));
+    fam.registerPass([&] { return llvm::TargetLibraryAnalysis(tlii); });
+    llvm::PassBuilder pb(&tm);
+    pb.registerModuleAnalyses(mam);
+    pb.registerCGSCCAnalyses(cgam);
+    pb.registerFunctionAnalyses(fam);
+    pb.registerLoopAnalyses(lam);
+    pb.crossRegisterProxies(lam, fam, cgam, mam);
+    pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
+}
+
+// Runs fn over [0, n) on every core when there is enough work.
+void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn) {
+    const std::int64_t grain = 1 << 15;
+    std::int64_t threads = std::min<std::int64_t>(std::thread::hardware_concurrency(), n / grain);
+    if (threads <= 1) {
+        fn(0, n);
+        return;
+    }
+    std::vector<std::thread> pool;
+    for (std::int64_t t = 1; t < threads; ++t)
+        pool.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
+    fn(0, n / threads);
+    for (auto& th : pool) th.join();
+}
+
+// An LLVM failure (say, an unresolved symbol) becomes a rag::Error, never an abort.
+void check(llvm::Error e) {
+    if (!e) return;
+    fail("CPU JIT: ", llvm::toString(std::move(e)));
+}
+
+class CompiledCpu final : public CpuFunction {
+  public:
+    explicit CompiledCpu(const ir::Function& f) : f_(f), plan_(make_plan(f)) {
+        static std::atomic<int> counter{0};
+        const std::string prefix = "rag_" + std::to_string(counter++) + "_";
+        auto ctx = std::make_unique<llvm::LLVMContext>();
+        auto m = std::make_unique<llvm::Module>(prefix + f.name, *ctx);
+        Jit& j = jit();
+        m->setDataLayout(j.lljit->getDataLayout());
+        m->setTargetTriple(j.tm->getTargetTriple().str());
+        for (std::size_t g = 0; g < plan_.groups.size(); ++g)
+            GroupEmitter(*m, f_, plan_.groups[g]).emit(prefix + std::to_string(g));
+        std::string err;
+        llvm::raw_string_ostream es(err);
+        if (llvm::verifyModule(*m, &es)) fail("internal: the CPU JIT built invalid LLVM IR: ", es.str());
+        std::lock_guard<std::mutex> lock(j.mu);
+        optimise(*m, *j.tm);
+        llvm::raw_string_ostream os(ir_);
+        m->print(os, nullptr);
+        if (plan_.groups.empty()) return;
+        tracker_ = j.lljit->getMainJITDylib().createResourceTracker();
+        check(j.lljit->addIRModule(tracker_, llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))));
+        for (std::size_t g = 0; g < plan_.groups.size(); ++g) {
+            auto sym = j.lljit->lookup(prefix + std::to_string(g));
+            if (!sym) check(sym.takeError());
+            kernels_.push_back(sym->toPtr<Kernel>());
+        }
+    }
+    ~CompiledCpu() override {
+        if (tracker_) {
+            std::lock_guard<std::mutex> lock(jit().mu);
+            llvm::cantFail(tracker_->remove());
+        }
+    }
+
+    const Plan& plan() const override { return plan_; }
+    const std::string& llvm_ir() const override { return ir_; }
+
+    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
+        if (inputs.size() != f_.inputs.size())
+            fail(f_.name, " takes ", f_.inputs.size(), " tensors, got ", inputs.size());
+        std::vector<RaggedTensor> vals(f_.nodes.size());
+        for (std::size_t i = 0; i < f_.nodes.size(); ++i) {
+            const ir::Node& n = f_.nodes[i];
+            if (n.op == "input") {
+                std::size_t k = std::size_t(n.attrs.get_int("index"));
+                if (inputs[k].schema() != n.type)
+                    fail(f_.name, ": argument ", k, (n.label.empty() ? "" : " (" + n.label + ")"),
+                         " has schema ", inputs[k].schema().str(), ", expected ", n.type.str());
+                vals[i] = inputs[k];
+            } else if (n.op == "const") {
+                vals[i] = RaggedTensor::dense(DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
+            }
+        }
+        for (const Step& s : plan_.steps) {
+            if (s.kind == Step::Kind::fused) run_group(std::size_t(s.index), vals);
+            else if (s.kind == Step::Kind::gemm) run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
+            else reference(std::size_t(s.index), vals);
+        }
+        std::vector<RaggedTensor> out;
+        for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
+        return out;
+    }
+
+  private:
+    void reference(std::size_t i, std::vector<RaggedTensor>& vals) const {
+        const ir::Node& n = f_.nodes[i];
+        std::vector<RaggedTensor> args;
+        for (int a : n.args) args.push_back(vals[std::size_t(a)]);
+        vals[i] = evaluate(n.op, args, n.attrs);
+    }
+
+    void run_group(std::size_t g, std::vector<RaggedTensor>& vals) const {
+        const FusedGroup& grp = plan_.groups[g];
+        const RaggedTensor* shape_from = nullptr;
+        bool same = true;
+        for (const auto& in : grp.inputs) {
+            if (in.access != Access::full) continue;
+            const RaggedTensor& t = vals[std::size_t(in.value)];
+            if (!shape_from) shape_from = &t;
+            else same = same && t.structure().same_as(shape_from->structure());
+        }
+        if (!shape_from || !same) { // unequal runtime extents: the reference kernels say which sample
+            for (int v : grp.nodes) reference(std::size_t(v), vals);
+            return;
+        }
+        const StructurePtr& st = shape_from->structure_ptr();
+        std::vector<void*> in, out;
+        std::vector<std::int64_t> rows;
+        for (const auto& x : grp.inputs) {
+            const RaggedTensor& t = vals[std::size_t(x.value)];
+            in.push_back(const_cast<void*>(t.data()));
+            rows.push_back(std::max<std::int64_t>(t.numel(), 1));
+        }
+        for (int o : grp.outputs) {
+            vals[std::size_t(o)] = RaggedTensor::zeros(grp.dtype, st);
+            out.push_back(vals[std::size_t(o)].mutable_data());
+        }
+        Kernel k = kernels_[g];
+        parallel_for(st->numel(), [&](std::int64_t b, std::int64_t e) { k(b, e, in.data(), out.data(), rows.data()); });
+    }
+
+    // x @ W over packed rows: one GEMM, whatever the ragged structure of x.
+    static void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedTensor>& vals) {
+        const RaggedTensor& a = vals[std::size_t(n.args[0])];
+        const RaggedTensor& w = vals[std::size_t(n.args[1])];
+        const std::int64_t C = w.shape().axes[0].extent, D = w.shape().axes[1].extent;
+        std::vector<std::int64_t> sizes = a.structure().sizes();
+        const int d = a.structure().rank();
+        for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
+        result = RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, a.batch(), sizes));
+        const std::int64_t rows = C ? a.numel() / C : a.structure().numel();
+        if (rows == 0 || D == 0) return;
+        if (C == 0) return; // zeros
+        if (n.type.dtype == DType::f32)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(D), int(C), 1.0f,
+                        static_cast<const float*>(a.data()), int(C), static_cast<const float*>(w.data()), int(D),
+                        0.0f, static_cast<float*>(result.mutable_data()), int(D));
+        else
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(D), int(C), 1.0,
+                        static_cast<const double*>(a.data()), int(C), static_cast<const double*>(w.data()), int(D),
+                        0.0, static_cast<double*>(result.mutable_data()), int(D));
+    }
+
+    ir::Function f_;
+    Plan plan_;
+    std::string ir_;
+    llvm::orc::ResourceTrackerSP tracker_;
+    std::vector<Kernel> kernels_;
+};
+
+} // namespace
+
+std::unique_ptr<CpuFunction> compile_cpu(const ir::Function& f) { return std::make_unique<CompiledCpu>(f); }
+
+} // namespace rag::jit

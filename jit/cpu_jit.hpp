@@ -1,0 +1,22 @@
+// The CPU tier: an IR function compiled through LLVM ORC into fused loops over packed storage,
+// BLAS GEMMs over packed rows, and reference kernels for the remaining ops. Nothing generated
+// depends on a length: sizes and offsets stay runtime data, so one compilation serves every
+// batch of the same schemas. LLVM headers stay inside jit/*.cpp.
+#pragma once
+#include "jit/plan.hpp"
+
+#include <memory>
+
+namespace rag::jit {
+
+class CpuFunction {
+  public:
+    virtual ~CpuFunction() = default;
+    virtual std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const = 0;
+    virtual const Plan& plan() const = 0;
+    virtual const std::string& llvm_ir() const = 0; // the optimised module, for tests and dumps
+};
+
+std::unique_ptr<CpuFunction> compile_cpu(const ir::Function& f);
+
+} // namespace rag::jit

@@ -1,0 +1,119 @@
+#include "jit/plan.hpp"
+
+#include <set>
+#include <sstream>
+
+namespace rag::jit {
+namespace {
+
+const std::set<std::string, std::less<>> fusable = {
+    "neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "gelu", "silu",
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "scale"};
+
+// How a fused loop over `out` values can read `in`, if it can.
+std::optional<Access> access(const Schema& in, const Schema& out) {
+    if (in.dtype != out.dtype) return std::nullopt;
+    if (in.shape == out.shape) return Access::full;
+    if (in.shape.batched) return std::nullopt;
+    if (in.shape.axes.empty()) return Access::scalar;
+    // An unbatched array equal to the trailing static axes of the loop's shape: those axes
+    // are the innermost storage positions, so the operand repeats every prod(extents).
+    const auto& a = in.shape.axes;
+    const auto& o = out.shape.axes;
+    if (a.size() > o.size()) return std::nullopt;
+    for (std::size_t k = 0; k < a.size(); ++k) {
+        const Axis& x = a[k];
+        const Axis& y = o[o.size() - a.size() + k];
+        if (x.kind != AxisKind::fixed || !(x == y)) return std::nullopt;
+    }
+    return Access::row;
+}
+
+bool fusable_node(const ir::Function& f, const ir::Node& n) {
+    if (!fusable.count(n.op)) return false;
+    if (n.type.dtype != DType::f32 && n.type.dtype != DType::f64) return false;
+    if (!n.type.shape.batched && n.type.shape.axes.empty()) return false; // scalars: not worth it
+    for (int a : n.args)
+        if (!access(f.type(a), n.type)) return false;
+    // The loop's structure comes from a full operand.
+    for (int a : n.args)
+        if (access(f.type(a), n.type) == Access::full) return true;
+    return false;
+}
+
+} // namespace
+
+bool is_fusable_op(std::string_view op) { return fusable.count(op) > 0; }
+
+Plan make_plan(const ir::Function& f) {
+    Plan p;
+    std::vector<int> group_of(f.nodes.size(), -1);
+    for (std::size_t i = 0; i < f.nodes.size(); ++i) {
+        const ir::Node& n = f.nodes[i];
+        if (n.op == "input" || n.op == "const") continue;
+        if (fusable_node(f, n)) {
+            // Extend the group of the previous step when it has this shape and dtype.
+            bool extend = !p.steps.empty() && p.steps.back().kind == Step::Kind::fused;
+            if (extend) {
+                const FusedGroup& g = p.groups[std::size_t(p.steps.back().index)];
+                const Schema& t = f.type(g.nodes.front());
+                extend = t.shape == n.type.shape && t.dtype == n.type.dtype;
+            }
+            if (!extend) {
+                p.groups.push_back({{}, {}, {}, n.type.dtype});
+                p.steps.push_back({Step::Kind::fused, int(p.groups.size()) - 1});
+            }
+            p.groups.back().nodes.push_back(int(i));
+            group_of[i] = int(p.groups.size()) - 1;
+            continue;
+        }
+        const Schema& t = n.type;
+        bool gemm = n.op == "matmul" && (t.dtype == DType::f32 || t.dtype == DType::f64) &&
+                    !f.type(n.args[1]).shape.batched;
+        p.steps.push_back({gemm ? Step::Kind::gemm : Step::Kind::reference, int(i)});
+    }
+    // Inputs (values from outside the group) and outputs (values used outside or returned).
+    std::vector<bool> used_outside(f.nodes.size(), false);
+    for (int o : f.outputs) used_outside[std::size_t(o)] = true;
+    for (std::size_t i = 0; i < f.nodes.size(); ++i)
+        for (int a : f.nodes[i].args)
+            if (group_of[std::size_t(a)] < 0 || group_of[std::size_t(a)] != group_of[i])
+                used_outside[std::size_t(a)] = true;
+    for (std::size_t g = 0; g < p.groups.size(); ++g) {
+        FusedGroup& grp = p.groups[g];
+        std::set<int> seen;
+        for (int v : grp.nodes) {
+            const ir::Node& n = f.nodes[std::size_t(v)];
+            for (int a : n.args)
+                if (group_of[std::size_t(a)] != int(g) && seen.insert(a).second)
+                    grp.inputs.push_back({a, *access(f.type(a), n.type)});
+            if (used_outside[std::size_t(v)]) grp.outputs.push_back(v);
+        }
+    }
+    return p;
+}
+
+std::string print(const Plan& p, const ir::Function& f) {
+    std::ostringstream os;
+    for (const Step& s : p.steps) {
+        if (s.kind != Step::Kind::fused) {
+            const ir::Node& n = f.nodes[std::size_t(s.index)];
+            os << (s.kind == Step::Kind::gemm ? "gemm      %" : "reference %") << s.index << " = " << n.op
+               << "\n";
+            continue;
+        }
+        const FusedGroup& g = p.groups[std::size_t(s.index)];
+        os << "fused     ";
+        for (std::size_t k = 0; k < g.nodes.size(); ++k)
+            os << (k ? " " : "") << f.nodes[std::size_t(g.nodes[k])].op;
+        os << "  in:";
+        for (const auto& in : g.inputs)
+            os << " %" << in.value << (in.access == Access::full ? "" : in.access == Access::row ? "(row)" : "(scalar)");
+        os << "  out:";
+        for (int o : g.outputs) os << " %" << o;
+        os << "\n";
+    }
+    return os.str();
+}
+
+} // namespace rag::jit

@@ -1,0 +1,44 @@
+// Kernel plans: how a function runs on the CPU tier. Runs of consecutive elementwise nodes of
+// one shape and float dtype become one fused loop over the packed storage (compiled by LLVM);
+// `x @ W` over packed rows becomes one BLAS GEMM; every other op runs its reference kernel.
+// This header knows nothing of LLVM.
+#pragma once
+#include "ir/ir.hpp"
+
+namespace rag::jit {
+
+// How a fused loop reads an operand at packed element i.
+enum class Access {
+    full,   // the operand has the loop's structure: element i
+    row,    // an unbatched array equal to the loop's static tail: element i % its size
+    scalar, // an unbatched scalar: element 0
+};
+
+struct FusedInput {
+    int value;
+    Access access;
+};
+
+struct FusedGroup {
+    std::vector<int> nodes; // consecutive IR nodes, in order
+    std::vector<FusedInput> inputs;
+    std::vector<int> outputs; // member values used after the group or returned
+    DType dtype;              // f32 or f64
+};
+
+struct Step {
+    enum class Kind { fused, gemm, reference } kind;
+    int index; // the group (fused) or the IR node (gemm, reference)
+};
+
+struct Plan {
+    std::vector<FusedGroup> groups;
+    std::vector<Step> steps;
+};
+
+// Ops a fused loop can compute (unary math, broadcasting arithmetic, scale).
+bool is_fusable_op(std::string_view op);
+Plan make_plan(const ir::Function& f);
+std::string print(const Plan& p, const ir::Function& f); // for dumps and tests
+
+} // namespace rag::jit
