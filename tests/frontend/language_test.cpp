@@ -211,6 +211,35 @@ TEST(Language, EveryExampleTrainStepLowersItsLoss) {
     }
 }
 
+TEST(Language, EveryExampleCompilesOncePerSchemaAcrossLengths) {
+    const std::vector<std::vector<std::int64_t>> batches = {{5, 17, 9}, {4, 4, 4}, {0, 3, 1}, {1},
+                                                            {2, 2},     {7, 0, 0, 2}, {3, 1, 4, 1}, {6}};
+    const std::pair<const char*, const char*> cases[] = {
+        {"single_pair_single.rag", "block"}, {"single_pair_single.rag", "train_step"},
+        {"single_pair_single.rag", "block_rect"}, {"single_pair_single.rag", "train_step_nonleading"},
+        {"encoder.rag", "encoder"}, {"encoder.rag", "train_step"}};
+    for (auto [file, fn] : cases) {
+        auto m = example(file);
+        Diagnostics diags(*m->program().units[0].src);
+        auto decl = frontend::lower(m->program(), fn, std::nullopt, diags);
+        ASSERT_TRUE(decl) << diags.str();
+        for (const auto& lengths : batches) {
+            std::vector<Value> args;
+            for (const auto& t : decl->params) args.push_back(random_value(*m, t, lengths));
+            m->call(fn, args);
+        }
+        EXPECT_EQ(m->stats().at(fn).compilations, 1) << file << " " << fn;
+        EXPECT_EQ(m->stats().at(fn).cache_hits, int(batches.size()) - 1) << file << " " << fn;
+    }
+}
+
+TEST(Language, ANewStaticExtentCompilesOnceMore) {
+    auto m = Module::compile("fn sq(x: f32[B, ~N, C]) -> f32[B, ~N, C] { return x * x + x }");
+    for (std::int64_t c : {4, 8, 4, 8, 4}) m->call("sq", {singles(DType::f32, {3, 0, 2}, c)});
+    EXPECT_EQ(m->stats().at("sq").compilations, 2);
+    EXPECT_EQ(m->stats().at("sq").cache_hits, 3);
+}
+
 // Every example's loss: the derived gradient (IR autodiff) agrees with float64 central
 // differences of the same program, run in float64.
 void check_example_gradient(const char* file, const char* fn, const std::vector<std::int64_t>& lengths) {
