@@ -5,6 +5,7 @@
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -137,14 +138,18 @@ int cmd_run(const std::string& path, const Options& o) {
         int slot = -1;
         for (std::size_t k = 0; k < args.size(); ++k)
             if (args[k].kind == Value::Kind::record) slot = int(k);
+        double later = 0; // seconds of the steps after the first (which compiles)
         for (int s = 0; s < o.steps; ++s) {
+            auto t0 = std::chrono::steady_clock::now();
             Value r = m->call(o.fn, args);
+            if (s > 0) later += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (r.kind != Value::Kind::tuple || r.elems.size() != 2 || slot < 0 ||
                 r.elems[1].kind != Value::Kind::record || r.elems[0].kind != Value::Kind::tensor)
                 fail("--steps needs a function returning (loss, params) that takes the params");
             std::printf("step %d loss %.6f\n", s + 1, r.elems[0].tensor.item());
             args[std::size_t(slot)] = r.elems[1];
         }
+        if (o.steps > 1) std::printf("%.3f ms/step after the first step\n", 1e3 * later / (o.steps - 1));
     } else {
         for (std::size_t k = 0; k < args.size(); ++k)
             if (args[k].kind == Value::Kind::tensor) summarise(args[k], "arg " + decl->fn.nodes[std::size_t(decl->fn.inputs[k])].label);

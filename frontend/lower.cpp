@@ -342,6 +342,14 @@ VType Lowerer::type_of(const LV& v) const {
     return VType::tensor({});
 }
 
+LV Lowerer::materialise(const LV& v) {
+    if (v.kind == LV::Kind::number) return LV::tensor(b_.constant(v.num, DType::f32));
+    LV out = v;
+    for (auto& [_, f] : out.fields) f = materialise(f);
+    for (auto& e : out.elems) e = materialise(e);
+    return out;
+}
+
 std::vector<int> Lowerer::flatten(const LV& v) const {
     if (v.kind == LV::Kind::tensor) return {v.id};
     std::vector<int> out;
@@ -628,7 +636,7 @@ std::optional<Lowered> lower(const Program& prog, std::string_view name,
             out.params.push_back(t);
             inputs.push_back(make_inputs(b, t, p.name));
         }
-        LV r = L.call_fn(*fn, file, inputs, fn->name_span);
+        LV r = L.materialise(L.call_fn(*fn, file, inputs, fn->name_span));
         f.outputs = L.flatten(r);
         out.result = L.type_of(r);
         ir::verify(f);

@@ -54,6 +54,7 @@ class Lowerer {
     double constant(const ast::Expr& e, const char* what); // a compile-time number
     VType type_of(const LV& v) const;
     std::vector<int> flatten(const LV& v) const;
+    LV materialise(const LV& v); // number literals inside v become f32 constants
     ir::Builder& builder() { return b_; }
     const Program& program() const { return prog_; }
     Diagnostics& diags() { return diags_; }

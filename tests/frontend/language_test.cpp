@@ -131,6 +131,13 @@ TEST(Language, AxisZeroReducesEachSampleCompletely) {
     EXPECT_EQ(y.to_f64(), (std::vector<double>{3, 7}));
 }
 
+TEST(Language, NumberLiteralsCanBeResults) {
+    auto m = Module::compile("fn f(x: f32[B, ~N, 3]) { return (x, 2) }\nfn g() -> f32[] { return 1.5 }");
+    Value r = m->call("f", {singles(DType::f32, {1, 2}, 3)});
+    EXPECT_EQ(r.elems[1].tensor.item(), 2.0);
+    EXPECT_EQ(m->call("g", {}).tensor.item(), 1.5);
+}
+
 TEST(Language, BroadcastCreatesPairAxes) {
     auto m = Module::compile(
         "fn f(a: f32[B, ~N, 4]) -> f32[B, ~N, ~N, 4] { return a[:, :, new, :] + a[:, new, :, :] }");
