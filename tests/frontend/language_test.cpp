@@ -166,31 +166,10 @@ TEST(Language, DeclaredRaggedNamesBindAtTheCall) {
     EXPECT_NE(error_of([&] { m->call("f", {wrong}); }).find("expected f32[B, ~N, ~N]"), std::string::npos);
 }
 
-// A random value of a declared type: ragged axes take `lengths` (a second ragged name takes
-// them reversed), i64 tensors are labels in {0, 1}, records come from init().
+// A random value of a declared type; records come from init().
 Value random_value(Module& m, const frontend::VType& t, const std::vector<std::int64_t>& lengths) {
     if (t.kind == frontend::VType::Kind::record) return m.init(t.record, 7);
-    const Schema& s = t.schema;
-    std::vector<DenseArray> list;
-    for (std::size_t i = 0; i < lengths.size(); ++i) {
-        Shape_ sh;
-        std::vector<std::string> names;
-        for (const auto& a : s.shape.axes) {
-            if (!a.is_ragged()) {
-                sh.push_back(a.extent);
-                continue;
-            }
-            auto k = std::find(names.begin(), names.end(), a.name) - names.begin();
-            if (std::size_t(k) == names.size()) names.push_back(a.name);
-            sh.push_back(k % 2 ? lengths[lengths.size() - 1 - i] : lengths[i]);
-        }
-        std::int64_t n = 1;
-        for (auto e : sh) n *= e;
-        std::vector<double> v(static_cast<std::size_t>(n));
-        for (double& e : v) e = s.dtype == DType::i64 ? double(randint(0, 1)) : uniform();
-        list.push_back(DenseArray::from_f64(s.dtype, sh, v));
-    }
-    return RaggedTensor::from_list(list, s.shape.axes);
+    return random_for(t.schema, lengths);
 }
 
 TEST(Language, EveryExampleTrainStepLowersItsLoss) {
@@ -259,30 +238,7 @@ void check_example_gradient(const char* file, const char* fn, const std::vector<
     std::vector<int> wrt;
     for (std::size_t k = 0; k < f.inputs.size(); ++k) {
         const Schema& s = f.type(f.inputs[k]);
-        if (!s.shape.batched) {
-            std::vector<std::int64_t> shape;
-            for (const auto& a : s.shape.axes) shape.push_back(a.extent);
-            inputs.push_back(random_dense(s.dtype, shape, -0.3, 0.3));
-        } else {
-            std::vector<Shape_> shapes;
-            for (std::size_t i = 0; i < lengths.size(); ++i) {
-                Shape_ sh;
-                int r = 0;
-                for (const auto& a : s.shape.axes)
-                    sh.push_back(a.is_ragged() ? (r++ % 2 ? lengths[lengths.size() - 1 - i] : lengths[i]) : a.extent);
-                shapes.push_back(sh);
-            }
-            bool labels = s.dtype == DType::i64;
-            std::vector<DenseArray> list;
-            for (const auto& sh : shapes) {
-                std::int64_t n = 1;
-                for (auto e : sh) n *= e;
-                std::vector<double> v(static_cast<std::size_t>(n));
-                for (double& e : v) e = labels ? double(randint(0, 1)) : uniform();
-                list.push_back(DenseArray::from_f64(s.dtype, sh, v));
-            }
-            inputs.push_back(RaggedTensor::from_list(list, s.shape.axes));
-        }
+        inputs.push_back(random_for(s, lengths, s.shape.batched ? -1.0 : -0.3, s.shape.batched ? 1.0 : 0.3));
         if (is_floating(s.dtype)) wrt.push_back(int(k));
     }
     check_program_gradient(f, inputs, wrt, 2e-5, 6);

@@ -123,32 +123,9 @@ TEST(CpuJit, ExamplesAgreeWithTheInterpreter) {
             auto lowered = frontend::lower(m->program(), fn, std::nullopt, diags);
             ASSERT_TRUE(lowered) << diags.str();
             std::vector<RaggedTensor> in;
-            const std::vector<Shape_> lengths = {{3}, {0}, {5}, {1}};
             for (int v : lowered->fn.inputs) {
                 const Schema& s = lowered->fn.type(v);
-                if (!s.shape.batched) {
-                    std::vector<std::int64_t> shape;
-                    for (const auto& a : s.shape.axes) shape.push_back(a.extent);
-                    in.push_back(random_dense(s.dtype, shape, -0.2, 0.2));
-                    continue;
-                }
-                std::vector<Shape_> shapes;
-                for (const auto& l : lengths) {
-                    Shape_ sh;
-                    for (const auto& a : s.shape.axes) sh.push_back(a.is_ragged() ? l[0] : a.extent);
-                    shapes.push_back(sh);
-                }
-                in.push_back(s.dtype == DType::i64 ? random_batch(s.dtype, "", {}, 0, 0)
-                                                   : random_batch(s.dtype, "~N", {}, -1, 1));
-                std::vector<DenseArray> list;
-                for (const auto& sh : shapes) {
-                    std::int64_t n = 1;
-                    for (auto e : sh) n *= e;
-                    std::vector<double> v(static_cast<std::size_t>(n));
-                    for (double& e : v) e = s.dtype == DType::i64 ? double(randint(0, 1)) : uniform();
-                    list.push_back(DenseArray::from_f64(s.dtype, sh, v));
-                }
-                in.back() = RaggedTensor::from_list(list, s.shape.axes);
+                in.push_back(random_for(s, {3, 0, 5, 1}, s.shape.batched ? -1.0 : -0.2, s.shape.batched ? 1.0 : 0.2));
             }
             SCOPED_TRACE(std::string(file) + " " + fn);
             expect_tiers_agree(lowered->fn, in);

@@ -93,6 +93,38 @@ RaggedTensor random_dense(DType t, const Shape_& shape, double lo, double hi) {
     return RaggedTensor::dense(DenseArray::from_f64(t, shape, v));
 }
 
+RaggedTensor random_for(const Schema& s, const std::vector<std::int64_t>& lengths, double lo, double hi) {
+    const bool labels = s.dtype == DType::i32 || s.dtype == DType::i64;
+    auto fill = [&](const Shape_& shape) {
+        std::int64_t n = 1;
+        for (auto e : shape) n *= e;
+        std::vector<double> v(static_cast<std::size_t>(n));
+        for (double& e : v) e = labels ? double(randint(0, 1)) : uniform(lo, hi);
+        return DenseArray::from_f64(s.dtype, shape, v);
+    };
+    if (!s.shape.batched) {
+        Shape_ shape;
+        for (const auto& a : s.shape.axes) shape.push_back(a.extent);
+        return RaggedTensor::dense(fill(shape));
+    }
+    std::vector<DenseArray> list;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+        Shape_ shape;
+        std::vector<std::string> names;
+        for (const auto& a : s.shape.axes) {
+            if (!a.is_ragged()) {
+                shape.push_back(a.kind == AxisKind::fixed ? a.extent : 3);
+                continue;
+            }
+            auto k = std::size_t(std::find(names.begin(), names.end(), a.name) - names.begin());
+            if (k == names.size()) names.push_back(a.name);
+            shape.push_back(k % 2 ? lengths[lengths.size() - 1 - i] : lengths[i]);
+        }
+        list.push_back(fill(shape));
+    }
+    return RaggedTensor::from_list(list, s.shape.axes);
+}
+
 ::testing::AssertionResult close(const Nd& got, const Nd& want, double atol, double rtol) {
     if (got.shape != want.shape) {
         std::ostringstream os;

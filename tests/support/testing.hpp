@@ -44,6 +44,11 @@ std::vector<Shape_> shapes_for(std::string_view axes, const std::vector<Shape_>&
 // gets length lo (so 0 and 1 are covered when lo <= 1).
 std::vector<Shape_> random_lengths(std::int64_t B, int names, std::int64_t lo, std::int64_t hi);
 RaggedTensor random_dense(DType t, const Shape_& shape, double lo = -1.0, double hi = 1.0);
+// A random value of schema s. Batched values get one sample per entry of `lengths`: the k-th
+// distinct ragged name of sample i takes lengths[i] (k even) or lengths[B-1-i] (k odd).
+// Integer values are labels in {0, 1}; floats are uniform in [lo, hi].
+RaggedTensor random_for(const Schema& s, const std::vector<std::int64_t>& lengths, double lo = -1.0,
+                        double hi = 1.0);
 
 // |got - want| <= atol + rtol |want| elementwise (NaN equals NaN, infinities must match).
 ::testing::AssertionResult close(const Nd& got, const Nd& want, double atol = 1e-9,
