@@ -295,26 +295,35 @@ class CompiledCpu final : public CpuFunction {
         parallel_for(st->numel(), [&](std::int64_t b, std::int64_t e) { k(b, e, in.data(), out.data(), rows.data()); });
     }
 
-    // x @ W over packed rows: one GEMM, whatever the ragged structure of x.
+    // x @ W over packed rows, or the weight gradient x^T g over packed rows: one GEMM each,
+    // whatever the ragged structure of x.
     static void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedTensor>& vals) {
         const RaggedTensor& a = vals[std::size_t(n.args[0])];
-        const RaggedTensor& w = vals[std::size_t(n.args[1])];
-        const std::int64_t C = w.shape().axes[0].extent, D = w.shape().axes[1].extent;
-        std::vector<std::int64_t> sizes = a.structure().sizes();
-        const int d = a.structure().rank();
-        for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
-        result = RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, a.batch(), sizes));
-        const std::int64_t rows = C ? a.numel() / C : a.structure().numel();
-        if (rows == 0 || D == 0) return;
-        if (C == 0) return; // zeros
+        const RaggedTensor& b = vals[std::size_t(n.args[1])];
+        const bool weight_grad = n.op == "matmul_weight_grad";
+        const std::int64_t C = weight_grad ? n.type.shape.axes[0].extent : b.shape().axes[0].extent;
+        const std::int64_t D = weight_grad ? n.type.shape.axes[1].extent : b.shape().axes[1].extent;
+        if (weight_grad) {
+            result = RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, 1, {C, D}));
+        } else {
+            std::vector<std::int64_t> sizes = a.structure().sizes();
+            const int d = a.structure().rank();
+            for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
+            result = RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, a.batch(), sizes));
+        }
+        const std::int64_t rows = C ? a.numel() / C : 0;
+        if (rows == 0 || C == 0 || D == 0) return; // zeros
+        // Row-major: out[rows, D] = a[rows, C] b[C, D], or out[C, D] = a[rows, C]^T b[rows, D].
+        const auto ta = weight_grad ? CblasTrans : CblasNoTrans;
+        const int m = int(weight_grad ? C : rows), k = int(weight_grad ? rows : C);
         if (n.type.dtype == DType::f32)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(D), int(C), 1.0f,
-                        static_cast<const float*>(a.data()), int(C), static_cast<const float*>(w.data()), int(D),
-                        0.0f, static_cast<float*>(result.mutable_data()), int(D));
+            cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0f, static_cast<const float*>(a.data()),
+                        int(C), static_cast<const float*>(b.data()), int(D), 0.0f,
+                        static_cast<float*>(result.mutable_data()), int(D));
         else
-            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(D), int(C), 1.0,
-                        static_cast<const double*>(a.data()), int(C), static_cast<const double*>(w.data()), int(D),
-                        0.0, static_cast<double*>(result.mutable_data()), int(D));
+            cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0, static_cast<const double*>(a.data()),
+                        int(C), static_cast<const double*>(b.data()), int(D), 0.0,
+                        static_cast<double*>(result.mutable_data()), int(D));
     }
 
     ir::Function f_;

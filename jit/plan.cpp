@@ -68,8 +68,9 @@ Plan make_plan(const ir::Function& f) {
             continue;
         }
         const Schema& t = n.type;
-        bool gemm = n.op == "matmul" && (t.dtype == DType::f32 || t.dtype == DType::f64) &&
-                    !f.type(n.args[1]).shape.batched;
+        const bool float_type = t.dtype == DType::f32 || t.dtype == DType::f64;
+        bool gemm = float_type && ((n.op == "matmul" && !f.type(n.args[1]).shape.batched) ||
+                                   n.op == "matmul_weight_grad");
         p.steps.push_back({gemm ? Step::Kind::gemm : Step::Kind::reference, int(i)});
     }
     // Inputs (values from outside the group) and outputs (values used outside or returned).

@@ -1,6 +1,7 @@
 // Kernel plans: how a function runs on the CPU tier. Runs of consecutive elementwise nodes of
 // one shape and float dtype become one fused loop over the packed storage (compiled by LLVM);
-// `x @ W` over packed rows becomes one BLAS GEMM; every other op runs its reference kernel.
+// `x @ W` over packed rows and its weight gradient (x^T g summed over all rows) become one BLAS
+// GEMM each; every other op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
 #include "ir/ir.hpp"

@@ -102,6 +102,21 @@ TEST(CpuJit, MatmulOverPackedRowsIsOneGemm) {
     }
 }
 
+TEST(CpuJit, WeightGradientIsOneGemm) {
+    for (DType t : {DType::f32, DType::f64}) {
+        ir::Function f;
+        f.name = "wgrad";
+        ir::Builder b(f);
+        int x = b.input(ragged(t, "3, ~N, 6"), "x");
+        int g = b.input(ragged(t, "3, ~N, 5"), "g");
+        f.outputs = {b.op("matmul_weight_grad", {x, g})};
+        EXPECT_EQ(jit::print(jit::compile_cpu(f)->plan(), f), "gemm      %2 = matmul_weight_grad\n");
+        auto lengths = std::vector<Shape_>{{3, 0, 6}, {3, 4, 6}, {3, 1, 6}};
+        auto glengths = std::vector<Shape_>{{3, 0, 5}, {3, 4, 5}, {3, 1, 5}};
+        expect_tiers_agree(f, {random_batch(t, "3, ~N, 6", lengths), random_batch(t, "3, ~N, 5", glengths)});
+    }
+}
+
 TEST(CpuJit, UnequalRuntimeExtentsGiveTheReferenceError) {
     ir::Function f;
     f.name = "add";
