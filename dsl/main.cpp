@@ -75,9 +75,13 @@ RaggedTensor random_tensor(const Schema& s, const Options& o, std::uint64_t stre
     for (std::int64_t i = 0; i < B; ++i) {
         std::vector<std::int64_t> shape;
         for (const auto& a : s.shape.axes) {
-            if (a.kind == AxisKind::fixed) shape.push_back(a.extent);
-            else if (a.kind == AxisKind::symbolic) shape.push_back(4);
-            else shape.push_back(ragged_index[a.name] % 2 ? o.lengths[std::size_t(B - 1 - i)] : o.lengths[std::size_t(i)]);
+            if (a.kind == AxisKind::fixed)
+                shape.push_back(a.extent);
+            else if (a.kind == AxisKind::symbolic)
+                shape.push_back(4);
+            else
+                shape.push_back(ragged_index[a.name] % 2 ? o.lengths[std::size_t(B - 1 - i)]
+                                                         : o.lengths[std::size_t(i)]);
         }
         DenseArray arr = DenseArray::zeros(s.dtype, shape);
         for (std::int64_t e = 0; e < arr.numel(); ++e) {
@@ -92,7 +96,8 @@ RaggedTensor random_tensor(const Schema& s, const Options& o, std::uint64_t stre
 
 void summarise(const Value& v, const std::string& name) {
     if (v.kind == Value::Kind::tuple) {
-        for (std::size_t k = 0; k < v.elems.size(); ++k) summarise(v.elems[k], name + "." + std::to_string(k));
+        for (std::size_t k = 0; k < v.elems.size(); ++k)
+            summarise(v.elems[k], name + "." + std::to_string(k));
         return;
     }
     if (v.kind == Value::Kind::record) {
@@ -107,10 +112,13 @@ void summarise(const Value& v, const std::string& name) {
         lo = std::min(lo, e);
         hi = std::max(hi, e);
     }
-    double n = double(x.size()), mean = n ? sum / n : 0, sd = n ? std::sqrt(std::max(0.0, sq / n - mean * mean)) : 0;
+    double n = double(x.size()), mean = n ? sum / n : 0,
+           sd = n ? std::sqrt(std::max(0.0, sq / n - mean * mean)) : 0;
     std::printf("%s: %s  values=%zu", name.c_str(), describe(v.tensor).c_str(), x.size());
-    if (x.size() == 1) std::printf("  value=%.6g\n", x[0]);
-    else std::printf("  mean=%.6g std=%.6g min=%.6g max=%.6g\n", mean, sd, lo, hi);
+    if (x.size() == 1)
+        std::printf("  value=%.6g\n", x[0]);
+    else
+        std::printf("  mean=%.6g std=%.6g min=%.6g max=%.6g\n", mean, sd, lo, hi);
 }
 
 int cmd_check(const std::string& path) {
@@ -129,9 +137,12 @@ int cmd_run(const std::string& path, const Options& o) {
     std::vector<Value> args;
     std::uint64_t stream = 0;
     for (const auto& t : decl->params) {
-        if (t.kind == frontend::VType::Kind::record) args.push_back(m->init(t.record, o.seed));
-        else if (t.kind == frontend::VType::Kind::tensor) args.push_back(random_tensor(t.schema, o, stream++));
-        else fail("run: cannot make a random tuple argument");
+        if (t.kind == frontend::VType::Kind::record)
+            args.push_back(m->init(t.record, o.seed));
+        else if (t.kind == frontend::VType::Kind::tensor)
+            args.push_back(random_tensor(t.schema, o, stream++));
+        else
+            fail("run: cannot make a random tuple argument");
     }
     if (o.steps > 0) {
         // (loss, params) -> feed params back.
@@ -142,23 +153,27 @@ int cmd_run(const std::string& path, const Options& o) {
         for (int s = 0; s < o.steps; ++s) {
             auto t0 = std::chrono::steady_clock::now();
             Value r = m->call(o.fn, args);
-            if (s > 0) later += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (s > 0)
+                later +=
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (r.kind != Value::Kind::tuple || r.elems.size() != 2 || slot < 0 ||
                 r.elems[1].kind != Value::Kind::record || r.elems[0].kind != Value::Kind::tensor)
                 fail("--steps needs a function returning (loss, params) that takes the params");
             std::printf("step %d loss %.6f\n", s + 1, r.elems[0].tensor.item());
             args[std::size_t(slot)] = r.elems[1];
         }
-        if (o.steps > 1) std::printf("%.3f ms/step after the first step\n", 1e3 * later / (o.steps - 1));
+        if (o.steps > 1)
+            std::printf("%.3f ms/step after the first step\n", 1e3 * later / (o.steps - 1));
     } else {
         for (std::size_t k = 0; k < args.size(); ++k)
-            if (args[k].kind == Value::Kind::tensor) summarise(args[k], "arg " + decl->fn.nodes[std::size_t(decl->fn.inputs[k])].label);
+            if (args[k].kind == Value::Kind::tensor)
+                summarise(args[k], "arg " + decl->fn.nodes[std::size_t(decl->fn.inputs[k])].label);
         summarise(m->call(o.fn, args), o.fn);
     }
     if (o.stats)
         for (const auto& [fn, st] : m->stats())
-            std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f\n", fn.c_str(),
-                        st.compilations, st.cache_hits, st.compile_seconds);
+            std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f\n",
+                        fn.c_str(), st.compilations, st.cache_hits, st.compile_seconds);
     return 0;
 }
 
@@ -189,17 +204,22 @@ int main(int argc, char** argv) {
                 if (k + 1 >= a.size()) fail(a[k], " needs a value");
                 return a[++k];
             };
-            if (a[k] == "--fn") o.fn = value();
-            else if (a[k] == "--lengths") o.lengths = parse_lengths(value());
-            else if (a[k] == "--seed") o.seed = std::stoull(value());
-            else if (a[k] == "--steps") o.steps = std::stoi(value());
-            else if (a[k] == "--stats") o.stats = true;
+            if (a[k] == "--fn")
+                o.fn = value();
+            else if (a[k] == "--lengths")
+                o.lengths = parse_lengths(value());
+            else if (a[k] == "--seed")
+                o.seed = std::stoull(value());
+            else if (a[k] == "--steps")
+                o.steps = std::stoi(value());
+            else if (a[k] == "--stats")
+                o.stats = true;
             else if (a[k] == "--tier") {
                 const std::string& t = value();
                 if (t != "jit" && t != "interp") fail("--tier takes jit or interp, got '", t, "'");
                 o.tier = t == "jit" ? Tier::jit : Tier::interpreter;
-            }
-            else fail("unknown option '", a[k], "' (see rag --help)");
+            } else
+                fail("unknown option '", a[k], "' (see rag --help)");
         }
         if (a[0] == "check") return cmd_check(a[1]);
         if (a[0] == "run") return cmd_run(a[1], o);

@@ -27,8 +27,10 @@ const RaggedTensor& Value::field(std::string_view name) const {
 
 std::string Value::type_str() const {
     switch (kind) {
-    case Kind::tensor: return tensor.schema().str();
-    case Kind::record: return record;
+    case Kind::tensor:
+        return tensor.schema().str();
+    case Kind::record:
+        return record;
     case Kind::tuple: {
         std::string s = "(";
         for (std::size_t k = 0; k < elems.size(); ++k) s += (k ? ", " : "") + elems[k].type_str();
@@ -48,7 +50,8 @@ namespace {
 frontend::VType vtype_of(const Value& v) {
     using frontend::VType;
     switch (v.kind) {
-    case Value::Kind::tensor: return VType::tensor(v.tensor.schema());
+    case Value::Kind::tensor:
+        return VType::tensor(v.tensor.schema());
     case Value::Kind::record: {
         VType t{VType::Kind::record, {}, v.record, {}, {}};
         for (const auto& [n, f] : v.fields) t.fields.push_back({n, VType::tensor(f.schema())});
@@ -118,7 +121,9 @@ std::shared_ptr<Module> Module::load(const std::string& path) {
     return compile(ss.str(), path);
 }
 
-std::vector<std::string> Module::functions() const { return prog_->fn_names(); }
+std::vector<std::string> Module::functions() const {
+    return prog_->fn_names();
+}
 
 const Module::Compiled& Module::specialise(std::string_view fn, const std::vector<Value>& args) {
     std::vector<frontend::VType> types;
@@ -139,7 +144,8 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     auto compiled = std::make_unique<Compiled>(Compiled{std::move(*lowered), nullptr});
     if (tier_ == Tier::jit) compiled->cpu = jit::compile_cpu(compiled->lowered.fn);
     ++st.compilations;
-    st.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.compile_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto& slot = cache_[key];
     slot = std::move(compiled);
     return *slot;
@@ -154,11 +160,13 @@ Value Module::call(std::string_view fn, const std::vector<Value>& args) {
     std::map<std::string, std::pair<std::size_t, std::vector<std::int64_t>>> seen;
     std::int64_t batch = -1;
     for (std::size_t k = 0; k < flat.size(); ++k) {
-        const std::string what = std::string(fn) + ": " + c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[k])].label;
+        const std::string what =
+            std::string(fn) + ": " + c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[k])].label;
         flat[k] = relabel(flat[k], want[k], what);
         if (!want[k].shape.batched) continue;
         if (batch >= 0 && flat[k].batch() != batch)
-            fail(what, " has a batch of ", flat[k].batch(), " samples; earlier arguments have ", batch);
+            fail(what, " has a batch of ", flat[k].batch(), " samples; earlier arguments have ",
+                 batch);
         batch = flat[k].batch();
         for (int a = 0; a < flat[k].structure().rank(); ++a) {
             const Axis& ax = want[k].shape.axes[std::size_t(a)];
@@ -168,8 +176,10 @@ Value Module::call(std::string_view fn, const std::vector<Value>& args) {
             if (fresh) continue;
             for (std::size_t i = 0; i < lengths.size(); ++i)
                 if (lengths[i] != it->second.second[i])
-                    fail(what, ": sample ", i, " has ", ax.name, " = ", lengths[i], " but argument ",
-                         c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[it->second.first])].label,
+                    fail(what, ": sample ", i, " has ", ax.name, " = ", lengths[i],
+                         " but argument ",
+                         c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[it->second.first])]
+                             .label,
                          " has ", ax.name, " = ", it->second.second[i]);
         }
     }
@@ -193,8 +203,10 @@ Value Module::init(std::string_view name, std::uint64_t seed) const {
         DenseArray arr = DenseArray::zeros(s.dtype, shape);
         std::vector<double> vals(static_cast<std::size_t>(arr.numel()), 0.0);
         const ast::Expr* init = field.init.get();
-        std::string kind = !init ? "zeros" : init->kind == ast::Expr::Kind::name ? init->name
-                           : init->kind == ast::Expr::Kind::call && init->operands[0]->kind == ast::Expr::Kind::name
+        std::string kind = !init                                 ? "zeros"
+                           : init->kind == ast::Expr::Kind::name ? init->name
+                           : init->kind == ast::Expr::Kind::call &&
+                                   init->operands[0]->kind == ast::Expr::Kind::name
                                ? init->operands[0]->name
                                : "";
         auto number = [&](std::size_t k) {
@@ -203,7 +215,8 @@ Value Module::init(std::string_view name, std::uint64_t seed) const {
             const ast::Expr& e = *init->args[k].value;
             if (e.kind == ast::Expr::Kind::integer) return double(e.ival);
             if (e.kind == ast::Expr::Kind::floating) return e.fval;
-            if (e.kind == ast::Expr::Kind::unary && e.operands[0]->kind == ast::Expr::Kind::floating)
+            if (e.kind == ast::Expr::Kind::unary &&
+                e.operands[0]->kind == ast::Expr::Kind::floating)
                 return -e.operands[0]->fval;
             if (e.kind == ast::Expr::Kind::unary && e.operands[0]->kind == ast::Expr::Kind::integer)
                 return -double(e.operands[0]->ival);
@@ -220,9 +233,11 @@ Value Module::init(std::string_view name, std::uint64_t seed) const {
             double lo = number(0), hi = number(1);
             for (std::size_t k = 0; k < vals.size(); ++k) vals[k] = lo + (hi - lo) * rng.uniform(k);
         } else {
-            fail(p->name, ".", field.name, ": unknown initialiser; use zeros, ones, normal(std) or uniform(lo, hi)");
+            fail(p->name, ".", field.name,
+                 ": unknown initialiser; use zeros, ones, normal(std) or uniform(lo, hi)");
         }
-        v.fields.push_back({field.name, RaggedTensor::dense(DenseArray::from_f64(s.dtype, shape, vals))});
+        v.fields.push_back(
+            {field.name, RaggedTensor::dense(DenseArray::from_f64(s.dtype, shape, vals))});
     }
     return v;
 }

@@ -51,7 +51,8 @@ struct FnStats {
 class Module {
   public:
     static std::shared_ptr<Module> load(const std::string& path);
-    static std::shared_ptr<Module> compile(const std::string& source, const std::string& path = "<input>");
+    static std::shared_ptr<Module> compile(const std::string& source,
+                                           const std::string& path = "<input>");
     ~Module();
 
     std::vector<std::string> functions() const;
@@ -59,7 +60,8 @@ class Module {
     // Deterministic initialisation of a params group (see docs/language.md for the generator).
     Value init(std::string_view params, std::uint64_t seed) const;
     // The IR of fn specialised on these arguments (or on its declared types).
-    std::string ir(std::string_view fn, const std::optional<std::vector<Value>>& args = std::nullopt);
+    std::string ir(std::string_view fn,
+                   const std::optional<std::vector<Value>>& args = std::nullopt);
     std::map<std::string, FnStats> stats() const { return stats_; }
     void set_tier(Tier t) { tier_ = t; }
     Tier tier() const { return tier_; }

@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
         auto m = Module::load(path);
         Value p = m->init("PairBlock", 0);
         RaggedTensor x = singles({2, 3, 5}, 384);
-        std::printf("singles   %s, offsets %s\n", describe(x).c_str(), join(x.structure().offsets()).c_str());
+        std::printf("singles   %s, offsets %s\n", describe(x).c_str(),
+                    join(x.structure().offsets()).c_str());
 
         Value out = m->call("block", {x, p});
         const RaggedTensor& pair = out.elems[1].tensor;
@@ -49,7 +50,8 @@ int main(int argc, char** argv) {
         double sq = 0;
         for (const auto& [name, t] : g.fields)
             for (double v : t.to_f64()) sq += v * v;
-        std::printf("gradient  |dloss/dp| = %.6g over %zu params tensors\n", std::sqrt(sq), g.fields.size());
+        std::printf("gradient  |dloss/dp| = %.6g over %zu params tensors\n", std::sqrt(sq),
+                    g.fields.size());
 
         for (int step = 1; step <= 5; ++step) {
             Value r = m->call("train_step", {singles({2 + step % 3, 7, 4}, 384), p});
@@ -57,8 +59,8 @@ int main(int argc, char** argv) {
             std::printf("step %d    loss %.6f\n", step, r.elems[0].tensor.item());
         }
         const FnStats s = m->stats().at("train_step");
-        std::printf("train_step compiled %d time(s), reused %d time(s) across lengths\n", s.compilations,
-                    s.cache_hits);
+        std::printf("train_step compiled %d time(s), reused %d time(s) across lengths\n",
+                    s.compilations, s.cache_hits);
     } catch (const Error& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 1;

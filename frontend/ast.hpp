@@ -24,10 +24,10 @@ struct TypeExpr {
         named,  // a params group: `PairBlock`
         tuple   // `(f32[], PairBlock)`
     } kind = Kind::tensor;
-    std::string dtype;            // tensor: "f32", ... or a type parameter name
-    std::vector<DimExpr> dims;    // tensor
-    std::string name;             // named
-    std::vector<TypeExpr> elems;  // tuple
+    std::string dtype;           // tensor: "f32", ... or a type parameter name
+    std::vector<DimExpr> dims;   // tensor
+    std::string name;            // named
+    std::vector<TypeExpr> elems; // tuple
     Span span;
 };
 
@@ -37,9 +37,9 @@ using ExprPtr = std::shared_ptr<const Expr>;
 // One item of `x[...]`.
 struct IndexItem {
     enum class Kind { keep, newaxis, index, slice } kind = Kind::keep;
-    std::int64_t index = 0;          // index
-    std::optional<std::int64_t> lo;  // slice
-    std::optional<std::int64_t> hi;  // slice
+    std::int64_t index = 0;         // index
+    std::optional<std::int64_t> lo; // slice
+    std::optional<std::int64_t> hi; // slice
     Span span;
 };
 
@@ -57,10 +57,10 @@ struct Expr {
         name,     // name
         unary,    // op ("-"), operands[0]
         binary,   // op ("+" "-" "*" "/" "@" "**" "<" "<=" ">" ">=" "==" "!="), operands[0..1]
-        call,     // operands[0] is the callee (a name, or a call: value_and_grad(f, wrt=p)(x)), args
-        index,    // operands[0][items]
-        member,   // operands[0].name
-        tuple     // (a, b, ...): operands
+        call,   // operands[0] is the callee (a name, or a call: value_and_grad(f, wrt=p)(x)), args
+        index,  // operands[0][items]
+        member, // operands[0].name
+        tuple   // (a, b, ...): operands
     } kind = Kind::name;
     Span span;
     std::int64_t ival = 0;

@@ -18,7 +18,8 @@ struct Args {
     }
 };
 
-Args match(Lowerer& L, const ast::Expr& call, const std::string& fname, std::vector<std::string> sig) {
+Args match(Lowerer& L, const ast::Expr& call, const std::string& fname,
+           std::vector<std::string> sig) {
     Args out;
     std::size_t pos = 0;
     bool variadic = !sig.empty() && sig.back().front() == '*';
@@ -29,15 +30,19 @@ Args match(Lowerer& L, const ast::Expr& call, const std::string& fname, std::vec
     }
     for (const auto& a : call.args) {
         if (a.keyword.empty()) {
-            if (pos < names.size()) out.named[names[pos++]] = a.value.get();
-            else if (variadic) out.rest.push_back(a.value.get());
-            else L.error(a.span, fname + " takes at most " + std::to_string(names.size()) + " argument" +
-                                     (names.size() == 1 ? "" : "s"));
+            if (pos < names.size())
+                out.named[names[pos++]] = a.value.get();
+            else if (variadic)
+                out.rest.push_back(a.value.get());
+            else
+                L.error(a.span, fname + " takes at most " + std::to_string(names.size()) +
+                                    " argument" + (names.size() == 1 ? "" : "s"));
             continue;
         }
         if (std::find(names.begin(), names.end(), a.keyword) == names.end())
             L.error(a.span, fname + " has no argument '" + a.keyword + "'");
-        if (out.named.count(a.keyword)) L.error(a.span, fname + ": argument '" + a.keyword + "' given twice");
+        if (out.named.count(a.keyword))
+            L.error(a.span, fname + ": argument '" + a.keyword + "' given twice");
         out.named[a.keyword] = a.value.get();
     }
     for (const auto& s : sig)
@@ -53,12 +58,13 @@ std::int64_t int_attr(Lowerer& L, const ast::Expr& e, const char* what) {
 }
 
 bool bool_attr(Lowerer& L, const ast::Expr& e, const char* what) {
-    if (e.kind != ast::Expr::Kind::boolean) L.error(e.span, std::string(what) + " must be true or false");
+    if (e.kind != ast::Expr::Kind::boolean)
+        L.error(e.span, std::string(what) + " must be true or false");
     return e.bval;
 }
 
-LV simple(Lowerer& L, const ast::Expr& call, const std::string& op, std::vector<std::string> tensors,
-          std::vector<std::pair<std::string, char>> attrs = {}) {
+LV simple(Lowerer& L, const ast::Expr& call, const std::string& op,
+          std::vector<std::string> tensors, std::vector<std::pair<std::string, char>> attrs = {}) {
     std::vector<std::string> sig = tensors;
     for (const auto& [n, _] : attrs) sig.push_back(n + "?");
     Args a = match(L, call, op, sig);
@@ -71,14 +77,18 @@ LV simple(Lowerer& L, const ast::Expr& call, const std::string& op, std::vector<
             like = L.builder().function().type(v.id).dtype;
             break;
         }
-    for (std::size_t k = 0; k < vals.size(); ++k) ins.push_back(L.tensor_of(vals[k], a.get(tensors[k])->span, like));
+    for (std::size_t k = 0; k < vals.size(); ++k)
+        ins.push_back(L.tensor_of(vals[k], a.get(tensors[k])->span, like));
     Attrs at;
     for (const auto& [n, kind] : attrs) {
         const ast::Expr* e = a.get(n);
         if (!e) continue;
-        if (kind == 'i') at.set(n, int_attr(L, *e, n.c_str()));
-        else if (kind == 'f') at.set(n, L.constant(*e, n.c_str()));
-        else at.set(n, bool_attr(L, *e, n.c_str()));
+        if (kind == 'i')
+            at.set(n, int_attr(L, *e, n.c_str()));
+        else if (kind == 'f')
+            at.set(n, L.constant(*e, n.c_str()));
+        else
+            at.set(n, bool_attr(L, *e, n.c_str()));
     }
     return LV::tensor(L.op(call.span, op, ins, at));
 }
@@ -91,11 +101,17 @@ void relpos_map_attrs(Lowerer& L, const ast::Expr& m, Attrs& at) {
     const std::string& name = callee->name;
     at.set("map", name);
     std::vector<std::string> sig;
-    if (name == "identity") sig = {};
-    else if (name == "clip") sig = {"distance"};
-    else if (name == "t5_buckets") sig = {"num?", "max_distance?"};
-    else if (name == "log_buckets") sig = {"size?", "max_position?"};
-    else L.error(m.span, "unknown map '" + name + "': expected identity, clip, t5_buckets or log_buckets");
+    if (name == "identity")
+        sig = {};
+    else if (name == "clip")
+        sig = {"distance"};
+    else if (name == "t5_buckets")
+        sig = {"num?", "max_distance?"};
+    else if (name == "log_buckets")
+        sig = {"size?", "max_position?"};
+    else
+        L.error(m.span,
+                "unknown map '" + name + "': expected identity, clip, t5_buckets or log_buckets");
     if (m.kind != ast::Expr::Kind::call) {
         if (name == "clip") L.error(m.span, "clip needs its distance: clip(16)");
         return;
@@ -137,12 +153,16 @@ LV sgd(Lowerer& L, const ast::Expr& call) {
     scale.set("c", -lr);
     std::function<LV(const LV&, const LV&)> step = [&](const LV& x, const LV& dx) -> LV {
         if (L.type_of(x) != L.type_of(dx))
-            L.error(call.span, "sgd: gradients " + L.type_of(dx).str() + " do not match parameters " + L.type_of(x).str());
+            L.error(call.span, "sgd: gradients " + L.type_of(dx).str() +
+                                   " do not match parameters " + L.type_of(x).str());
         if (x.kind == LV::Kind::tensor)
-            return LV::tensor(L.op(call.span, "add", {x.id, L.op(call.span, "scale", {dx.id}, scale)}));
+            return LV::tensor(
+                L.op(call.span, "add", {x.id, L.op(call.span, "scale", {dx.id}, scale)}));
         LV out = x;
-        for (std::size_t k = 0; k < x.fields.size(); ++k) out.fields[k].second = step(x.fields[k].second, dx.fields[k].second);
-        for (std::size_t k = 0; k < x.elems.size(); ++k) out.elems[k] = step(x.elems[k], dx.elems[k]);
+        for (std::size_t k = 0; k < x.fields.size(); ++k)
+            out.fields[k].second = step(x.fields[k].second, dx.fields[k].second);
+        for (std::size_t k = 0; k < x.elems.size(); ++k)
+            out.elems[k] = step(x.elems[k], dx.elems[k]);
         return out;
     };
     return step(p, g);
@@ -151,12 +171,18 @@ LV sgd(Lowerer& L, const ast::Expr& call) {
 const std::map<std::string, Builtin, std::less<>>& table() {
     static const std::map<std::string, Builtin, std::less<>> t = [] {
         std::map<std::string, Builtin, std::less<>> m;
-        for (const char* u : {"exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "gelu",
-                              "silu", "zeros_like", "ones_like"})
-            m[u] = [op = std::string(u)](Lowerer& L, const ast::Expr& c) { return simple(L, c, op, {"x"}); };
+        for (const char* u : {"exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu",
+                              "gelu", "silu", "zeros_like", "ones_like"})
+            m[u] = [op = std::string(u)](Lowerer& L, const ast::Expr& c) {
+                return simple(L, c, op, {"x"});
+            };
         for (const char* b : {"maximum", "minimum"})
-            m[b] = [op = std::string(b)](Lowerer& L, const ast::Expr& c) { return simple(L, c, op, {"a", "b"}); };
-        m["where"] = [](Lowerer& L, const ast::Expr& c) { return simple(L, c, "where", {"cond", "a", "b"}); };
+            m[b] = [op = std::string(b)](Lowerer& L, const ast::Expr& c) {
+                return simple(L, c, op, {"a", "b"});
+            };
+        m["where"] = [](Lowerer& L, const ast::Expr& c) {
+            return simple(L, c, "where", {"cond", "a", "b"});
+        };
         for (const char* r : {"sum", "mean", "max", "min"})
             m[r] = [op = std::string(r)](Lowerer& L, const ast::Expr& c) {
                 return simple(L, c, op, {"x"}, {{"axis", 'i'}});
@@ -199,9 +225,11 @@ const std::map<std::string, Builtin, std::less<>>& table() {
         m["concat"] = [](Lowerer& L, const ast::Expr& c) {
             Args a = match(L, c, "concat", {"xs", "axis"});
             LV xs = L.expr(*a.get("xs"));
-            if (xs.kind != LV::Kind::tuple) L.error(a.get("xs")->span, "concat takes a tuple of tensors: concat((a, b), axis)");
+            if (xs.kind != LV::Kind::tuple)
+                L.error(a.get("xs")->span, "concat takes a tuple of tensors: concat((a, b), axis)");
             std::vector<int> ins;
-            for (const auto& x : xs.elems) ins.push_back(L.tensor_of(x, a.get("xs")->span, DType::f32));
+            for (const auto& x : xs.elems)
+                ins.push_back(L.tensor_of(x, a.get("xs")->span, DType::f32));
             Attrs at;
             at.set("axis", int_attr(L, *a.get("axis"), "axis"));
             return LV::tensor(L.op(c.span, "concat", ins, at));
@@ -210,7 +238,9 @@ const std::map<std::string, Builtin, std::less<>>& table() {
         m["cross_entropy"] = [](Lowerer& L, const ast::Expr& c) {
             return simple(L, c, "cross_entropy", {"logits", "labels"});
         };
-        m["pad"] = [](Lowerer& L, const ast::Expr& c) { return simple(L, c, "pad", {"x"}, {{"value", 'f'}}); };
+        m["pad"] = [](Lowerer& L, const ast::Expr& c) {
+            return simple(L, c, "pad", {"x"}, {{"value", 'f'}});
+        };
         m["mask"] = [](Lowerer& L, const ast::Expr& c) { return simple(L, c, "mask", {"x"}); };
         m["lengths"] = [](Lowerer& L, const ast::Expr& c) {
             return simple(L, c, "lengths", {"x"}, {{"axis", 'i'}});

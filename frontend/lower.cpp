@@ -15,8 +15,10 @@ namespace rag::frontend {
 
 std::string VType::str() const {
     switch (kind) {
-    case Kind::tensor: return schema.str();
-    case Kind::record: return record;
+    case Kind::tensor:
+        return schema.str();
+    case Kind::record:
+        return record;
     case Kind::tuple: {
         std::string s = "(";
         for (std::size_t k = 0; k < elems.size(); ++k) s += (k ? ", " : "") + elems[k].str();
@@ -42,9 +44,12 @@ namespace {
 
 std::string dim_str(const ast::DimExpr& d) {
     switch (d.kind) {
-    case ast::DimExpr::Kind::fixed: return std::to_string(d.extent);
-    case ast::DimExpr::Kind::symbolic: return d.name;
-    case ast::DimExpr::Kind::ragged: return "~" + d.name;
+    case ast::DimExpr::Kind::fixed:
+        return std::to_string(d.extent);
+    case ast::DimExpr::Kind::symbolic:
+        return d.name;
+    case ast::DimExpr::Kind::ragged:
+        return "~" + d.name;
     }
     return "?";
 }
@@ -56,10 +61,12 @@ std::string type_str(const ast::TypeExpr& t) {
         for (std::size_t k = 0; k < t.dims.size(); ++k) s += (k ? ", " : "") + dim_str(t.dims[k]);
         return s + "]";
     }
-    case ast::TypeExpr::Kind::named: return t.name;
+    case ast::TypeExpr::Kind::named:
+        return t.name;
     case ast::TypeExpr::Kind::tuple: {
         std::string s = "(";
-        for (std::size_t k = 0; k < t.elems.size(); ++k) s += (k ? ", " : "") + type_str(t.elems[k]);
+        for (std::size_t k = 0; k < t.elems.size(); ++k)
+            s += (k ? ", " : "") + type_str(t.elems[k]);
         return s + ")";
     }
     }
@@ -77,7 +84,8 @@ bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch) {
                              batch.count(t.dims[0].name));
 }
 
-VType declared_vtype(const Program& prog, const ast::TypeExpr& t, const std::set<std::string>& batch) {
+VType declared_vtype(const Program& prog, const ast::TypeExpr& t,
+                     const std::set<std::string>& batch) {
     switch (t.kind) {
     case ast::TypeExpr::Kind::named: {
         const ast::ParamsDecl* p = prog.find_params(t.name);
@@ -89,10 +97,12 @@ VType declared_vtype(const Program& prog, const ast::TypeExpr& t, const std::set
         for (const auto& e : t.elems) v.elems.push_back(declared_vtype(prog, e, batch));
         return v;
     }
-    case ast::TypeExpr::Kind::tensor: break;
+    case ast::TypeExpr::Kind::tensor:
+        break;
     }
     auto dt = parse_dtype(t.dtype);
-    if (!dt) fail("type parameter ", t.dtype, " has no concrete type here; call the function instead");
+    if (!dt)
+        fail("type parameter ", t.dtype, " has no concrete type here; call the function instead");
     Shape s;
     s.batched = is_batched(t, batch);
     if (s.batched && t.dims[0].kind != ast::DimExpr::Kind::symbolic)
@@ -100,9 +110,12 @@ VType declared_vtype(const Program& prog, const ast::TypeExpr& t, const std::set
              dim_str(t.dims[0]));
     for (std::size_t k = s.batched ? 1 : 0; k < t.dims.size(); ++k) {
         const auto& d = t.dims[k];
-        if (d.kind == ast::DimExpr::Kind::fixed) s.axes.push_back(Axis::fixed_of(d.extent));
-        else if (d.kind == ast::DimExpr::Kind::symbolic) s.axes.push_back(Axis::symbolic_of(d.name));
-        else s.axes.push_back(Axis::ragged_of(d.name));
+        if (d.kind == ast::DimExpr::Kind::fixed)
+            s.axes.push_back(Axis::fixed_of(d.extent));
+        else if (d.kind == ast::DimExpr::Kind::symbolic)
+            s.axes.push_back(Axis::symbolic_of(d.name));
+        else
+            s.axes.push_back(Axis::ragged_of(d.name));
     }
     return VType::tensor({*dt, std::move(s)});
 }
@@ -111,11 +124,13 @@ VType declared_vtype(const Program& prog, const ast::TypeExpr& t, const std::set
 VType rename(const VType& actual, const ast::TypeExpr& decl) {
     VType out = actual;
     if (actual.kind == VType::Kind::tuple)
-        for (std::size_t k = 0; k < out.elems.size(); ++k) out.elems[k] = rename(actual.elems[k], decl.elems[k]);
+        for (std::size_t k = 0; k < out.elems.size(); ++k)
+            out.elems[k] = rename(actual.elems[k], decl.elems[k]);
     if (actual.kind != VType::Kind::tensor) return out;
     const std::size_t skip = actual.schema.shape.batched ? 1 : 0;
     for (std::size_t a = 0; a < out.schema.shape.axes.size(); ++a)
-        if (out.schema.shape.axes[a].is_ragged()) out.schema.shape.axes[a].name = decl.dims[a + skip].name;
+        if (out.schema.shape.axes[a].is_ragged())
+            out.schema.shape.axes[a].name = decl.dims[a + skip].name;
     return out;
 }
 
@@ -143,13 +158,15 @@ std::string match_type(const Program& prog, const VType& actual, const ast::Type
         if (!prog.find_params(decl.name)) return "unknown type '" + decl.name + "'";
         return actual.kind == VType::Kind::record && actual.record == decl.name ? "" : mismatch;
     case ast::TypeExpr::Kind::tuple:
-        if (actual.kind != VType::Kind::tuple || actual.elems.size() != decl.elems.size()) return mismatch;
+        if (actual.kind != VType::Kind::tuple || actual.elems.size() != decl.elems.size())
+            return mismatch;
         for (std::size_t k = 0; k < decl.elems.size(); ++k) {
             auto m = match_type(prog, actual.elems[k], decl.elems[k], batch, b);
             if (!m.empty()) return m;
         }
         return "";
-    case ast::TypeExpr::Kind::tensor: break;
+    case ast::TypeExpr::Kind::tensor:
+        break;
     }
     if (actual.kind != VType::Kind::tensor) return mismatch;
     const Schema& s = actual.schema;
@@ -157,13 +174,15 @@ std::string match_type(const Program& prog, const VType& actual, const ast::Type
         if (*dt != s.dtype) return mismatch;
     } else if (auto it = b.dtypes.find(decl.dtype); it != b.dtypes.end()) {
         if (it->second != s.dtype)
-            return mismatch + " (" + decl.dtype + " is " + std::string(dtype_name(it->second)) + " here)";
+            return mismatch + " (" + decl.dtype + " is " + std::string(dtype_name(it->second)) +
+                   " here)";
     } else {
         b.dtypes[decl.dtype] = s.dtype;
     }
     const bool batched = is_batched(decl, batch);
     const std::size_t skip = batched ? 1 : 0;
-    if (batched != s.shape.batched || decl.dims.size() - std::min(decl.dims.size(), skip) != s.shape.axes.size() ||
+    if (batched != s.shape.batched ||
+        decl.dims.size() - std::min(decl.dims.size(), skip) != s.shape.axes.size() ||
         (batched && decl.dims.empty()))
         return mismatch;
     for (std::size_t a = 0; a < s.shape.axes.size(); ++a) {
@@ -184,7 +203,7 @@ std::string match_type(const Program& prog, const VType& actual, const ast::Type
             } else if (!(it->second == x)) {
                 return mismatch + " (" + d.name + " was bound to " +
                        (it->second.kind == AxisKind::fixed ? std::to_string(it->second.extent)
-                                                          : it->second.name) +
+                                                           : it->second.name) +
                        " by an earlier argument)";
             }
         }
@@ -220,7 +239,8 @@ VType Program::params_type(const ast::ParamsDecl& p) const {
     VType v{VType::Kind::record, {}, p.name, {}, {}};
     for (const auto& f : p.fields) {
         VType t = declared_vtype(*this, f.type, {});
-        if (t.kind != VType::Kind::tensor) fail("params field ", p.name, ".", f.name, " must be a tensor");
+        if (t.kind != VType::Kind::tensor)
+            fail("params field ", p.name, ".", f.name, " must be a tensor");
         for (const auto& a : t.schema.shape.axes)
             if (a.kind != AxisKind::fixed)
                 fail("params field ", p.name, ".", f.name, " must have static dimensions, got ",
@@ -244,7 +264,8 @@ void load_unit(Program& prog, std::shared_ptr<SourceFile> src, Diagnostics& diag
         fs::path path = fs::path(src->path()).parent_path() / imp.path;
         std::ifstream in(path);
         if (!in || depth > 32) {
-            diags.error(imp.span, "cannot import '" + imp.path + "': no file " + path.string(), src.get());
+            diags.error(imp.span, "cannot import '" + imp.path + "': no file " + path.string(),
+                        src.get());
             continue;
         }
         std::stringstream ss;
@@ -255,12 +276,14 @@ void load_unit(Program& prog, std::shared_ptr<SourceFile> src, Diagnostics& diag
 
 LV make_inputs(ir::Builder& b, const VType& t, const std::string& label) {
     switch (t.kind) {
-    case VType::Kind::tensor: return LV::tensor(b.input(t.schema, label));
+    case VType::Kind::tensor:
+        return LV::tensor(b.input(t.schema, label));
     case VType::Kind::record: {
         LV r;
         r.kind = LV::Kind::record;
         r.name = t.record;
-        for (const auto& [name, ft] : t.fields) r.fields.push_back({name, make_inputs(b, ft, label + "." + name)});
+        for (const auto& [name, ft] : t.fields)
+            r.fields.push_back({name, make_inputs(b, ft, label + "." + name)});
         return r;
     }
     case VType::Kind::tuple: {
@@ -314,7 +337,9 @@ int Lowerer::tensor_of(const LV& v, Span at, DType like) {
     error(at, "expected a tensor, got " + type_of(v).str());
 }
 
-int Lowerer::tensor(const ast::Expr& e) { return tensor_of(expr(e), e.span, DType::f32); }
+int Lowerer::tensor(const ast::Expr& e) {
+    return tensor_of(expr(e), e.span, DType::f32);
+}
 
 double Lowerer::constant(const ast::Expr& e, const char* what) {
     LV v = expr(e);
@@ -324,8 +349,10 @@ double Lowerer::constant(const ast::Expr& e, const char* what) {
 
 VType Lowerer::type_of(const LV& v) const {
     switch (v.kind) {
-    case LV::Kind::tensor: return VType::tensor(b_.function().type(v.id));
-    case LV::Kind::number: return VType::tensor({DType::f32, Shape{false, {}}});
+    case LV::Kind::tensor:
+        return VType::tensor(b_.function().type(v.id));
+    case LV::Kind::number:
+        return VType::tensor({DType::f32, Shape{false, {}}});
     case LV::Kind::record: {
         VType t{VType::Kind::record, {}, v.name, {}, {}};
         for (const auto& [n, f] : v.fields) t.fields.push_back({n, type_of(f)});
@@ -337,7 +364,8 @@ VType Lowerer::type_of(const LV& v) const {
         return t;
     }
     case LV::Kind::function:
-    case LV::Kind::error: break;
+    case LV::Kind::error:
+        break;
     }
     return VType::tensor({});
 }
@@ -381,8 +409,10 @@ void Lowerer::bind(const ast::Pattern& p, const LV& v) {
     for (std::size_t k = 0; k < p.elems.size(); ++k) bind(p.elems[k], v.elems[k]);
 }
 
-LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::vector<LV>& args, Span at) {
-    if (depth_ > 48) error(at, "calls nested too deeply at " + fn.name + " (recursion is not supported)");
+LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::vector<LV>& args,
+                    Span at) {
+    if (depth_ > 48)
+        error(at, "calls nested too deeply at " + fn.name + " (recursion is not supported)");
     if (args.size() != fn.params.size())
         error(at, fn.name + " takes " + std::to_string(fn.params.size()) + " argument" +
                       (fn.params.size() == 1 ? "" : "s") + ", got " + std::to_string(args.size()));
@@ -397,7 +427,9 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
         if (a.kind == LV::Kind::number && p.type.kind == ast::TypeExpr::Kind::tensor) {
             auto dt = parse_dtype(p.type.dtype);
             auto it = bound.dtypes.find(p.type.dtype);
-            a = LV::tensor(b_.constant(a.num, dt ? *dt : it != bound.dtypes.end() ? it->second : DType::f32));
+            a = LV::tensor(b_.constant(a.num, dt                         ? *dt
+                                              : it != bound.dtypes.end() ? it->second
+                                                                         : DType::f32));
         }
         auto msg = match_type(prog_, type_of(a), p.type, batch, bound);
         if (!msg.empty()) error(at, fn.name + ": argument " + p.name + ": " + msg);
@@ -426,7 +458,9 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
     if (!result) inner.error(fn.name_span, "fn " + fn.name + " ends without a return");
     if (fn.result) {
         auto msg = match_type(prog_, inner.type_of(*result), *fn.result, batch, bound);
-        if (!msg.empty()) inner.error(fn.result->span, fn.name + " returns a value that does not match its declared type: " + msg);
+        if (!msg.empty())
+            inner.error(fn.result->span,
+                        fn.name + " returns a value that does not match its declared type: " + msg);
     }
     return *result;
 }
@@ -436,7 +470,8 @@ LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
     if (!fn) error(at, "unknown function " + f.name);
     if (std::size_t(f.grad_wrt) >= args.size())
         error(at, f.name + " is differentiated with respect to argument " +
-                      std::to_string(f.grad_wrt) + " but is called with " + std::to_string(args.size()));
+                      std::to_string(f.grad_wrt) + " but is called with " +
+                      std::to_string(args.size()));
     ir::Function sub;
     sub.name = f.name;
     ir::Builder sb(sub);
@@ -450,15 +485,18 @@ LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
         auto ids = flatten(in);
         for (std::size_t j = 0; j < ids.size(); ++j)
             if (int(k) == f.grad_wrt) wrt.push_back(int(flat_args.size() + j));
-        auto outer = args[k].kind == LV::Kind::number ? std::vector<int>{tensor_of(args[k], at, DType::f32)}
-                                                      : flatten(args[k]);
+        auto outer = args[k].kind == LV::Kind::number
+                         ? std::vector<int>{tensor_of(args[k], at, DType::f32)}
+                         : flatten(args[k]);
         flat_args.insert(flat_args.end(), outer.begin(), outer.end());
         sub_args.push_back(in);
     }
     Lowerer inner(prog_, diags_, sb, depth_ + 1);
     inner.file_ = file_;
     LV r = inner.call_fn(*fn, file, sub_args, at);
-    if (r.kind != LV::Kind::tensor) error(at, f.name + " must return a scalar tensor to be differentiated, got " + inner.type_of(r).str());
+    if (r.kind != LV::Kind::tensor)
+        error(at, f.name + " must return a scalar tensor to be differentiated, got " +
+                      inner.type_of(r).str());
     sub.outputs = {r.id};
     ir::Function d;
     try {
@@ -479,9 +517,12 @@ LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
 LV Lowerer::expr(const ast::Expr& e) {
     using K = ast::Expr::Kind;
     switch (e.kind) {
-    case K::integer: return LV::number(double(e.ival));
-    case K::floating: return LV::number(e.fval);
-    case K::boolean: return LV::number(e.bval ? 1.0 : 0.0);
+    case K::integer:
+        return LV::number(double(e.ival));
+    case K::floating:
+        return LV::number(e.fval);
+    case K::boolean:
+        return LV::number(e.bval ? 1.0 : 0.0);
     case K::name: {
         if (auto it = scope_.find(e.name); it != scope_.end()) {
             if (it->second.kind == LV::Kind::error) throw Abandon{};
@@ -493,7 +534,8 @@ LV Lowerer::expr(const ast::Expr& e) {
             f.name = e.name;
             return f;
         }
-        if (find_builtin(e.name)) error(e.span, "builtin " + e.name + " must be called: " + e.name + "(...)");
+        if (find_builtin(e.name))
+            error(e.span, "builtin " + e.name + " must be called: " + e.name + "(...)");
         error(e.span, "unknown name '" + e.name + "'");
     }
     case K::unary: {
@@ -501,9 +543,12 @@ LV Lowerer::expr(const ast::Expr& e) {
         if (v.kind == LV::Kind::number) return LV::number(-v.num);
         return LV::tensor(op(e.span, "neg", {tensor_of(v, e.operands[0]->span, DType::f32)}));
     }
-    case K::binary: return binary(e);
-    case K::call: return call(e);
-    case K::index: return index(e);
+    case K::binary:
+        return binary(e);
+    case K::call:
+        return call(e);
+    case K::index:
+        return index(e);
     case K::member: {
         LV base = expr(*e.operands[0]);
         if (base.kind == LV::Kind::record) {
@@ -562,11 +607,18 @@ LV Lowerer::index(const ast::Expr& e) {
         const auto& it = e.items[k];
         if (k) spec += ", ";
         switch (it.kind) {
-        case ast::IndexItem::Kind::keep: spec += ":"; break;
-        case ast::IndexItem::Kind::newaxis: spec += "new"; break;
-        case ast::IndexItem::Kind::index: spec += std::to_string(it.index); break;
+        case ast::IndexItem::Kind::keep:
+            spec += ":";
+            break;
+        case ast::IndexItem::Kind::newaxis:
+            spec += "new";
+            break;
+        case ast::IndexItem::Kind::index:
+            spec += std::to_string(it.index);
+            break;
         case ast::IndexItem::Kind::slice:
-            spec += (it.lo ? std::to_string(*it.lo) : "") + ":" + (it.hi ? std::to_string(*it.hi) : "");
+            spec +=
+                (it.lo ? std::to_string(*it.lo) : "") + ":" + (it.hi ? std::to_string(*it.hi) : "");
             break;
         }
     }
@@ -582,11 +634,13 @@ LV Lowerer::call(const ast::Expr& e) {
         if (const Builtin* b = find_builtin(callee.name)) return (*b)(*this, e);
     }
     LV f = expr(callee);
-    if (f.kind != LV::Kind::function) error(callee.span, "this is not a function: " + type_of(f).str());
+    if (f.kind != LV::Kind::function)
+        error(callee.span, "this is not a function: " + type_of(f).str());
     std::vector<LV> args;
     for (const auto& a : e.args) {
         if (!a.keyword.empty())
-            error(a.span, "keyword argument '" + a.keyword + "': user functions take positional arguments");
+            error(a.span,
+                  "keyword argument '" + a.keyword + "': user functions take positional arguments");
         args.push_back(expr(*a.value));
     }
     if (f.grad_wrt >= 0) return apply_grad(f, args, e.span);
@@ -611,8 +665,10 @@ std::optional<Lowered> lower(const Program& prog, std::string_view name,
     try {
         const auto batch = batch_names(*fn);
         if (args && args->size() != fn->params.size()) {
-            diags.error(fn->name_span, fn->name + " takes " + std::to_string(fn->params.size()) +
-                                           " arguments, got " + std::to_string(args->size()), file);
+            diags.error(fn->name_span,
+                        fn->name + " takes " + std::to_string(fn->params.size()) +
+                            " arguments, got " + std::to_string(args->size()),
+                        file);
             return std::nullopt;
         }
         Bindings bound;

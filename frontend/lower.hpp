@@ -17,10 +17,10 @@ namespace rag::frontend {
 // The type of a language value: a tensor schema, a params record, or a tuple.
 struct VType {
     enum class Kind { tensor, record, tuple } kind = Kind::tensor;
-    Schema schema;                                          // tensor
-    std::string record;                                     // record: the params group's name
-    std::vector<std::pair<std::string, VType>> fields;      // record
-    std::vector<VType> elems;                               // tuple
+    Schema schema;                                     // tensor
+    std::string record;                                // record: the params group's name
+    std::vector<std::pair<std::string, VType>> fields; // record
+    std::vector<VType> elems;                          // tuple
 
     static VType tensor(Schema s) { return {Kind::tensor, std::move(s), {}, {}, {}}; }
     std::string str() const;
@@ -39,7 +39,7 @@ struct Program {
     // The declaration and the file it is in; nullptr if there is none.
     std::pair<const ast::FnDecl*, const SourceFile*> find_fn(std::string_view name) const;
     const ast::ParamsDecl* find_params(std::string_view name) const;
-    std::vector<std::string> fn_names() const; // of the main file, in source order
+    std::vector<std::string> fn_names() const;         // of the main file, in source order
     VType params_type(const ast::ParamsDecl& p) const; // rag::Error if a field is not static
 };
 

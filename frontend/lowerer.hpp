@@ -11,11 +11,11 @@ namespace rag::frontend {
 // A language value during lowering.
 struct LV {
     enum class Kind { tensor, number, record, tuple, function, error } kind = Kind::error;
-    int id = -1;                                  // tensor: IR value
-    double num = 0;                               // number literal (dtype decided by use)
-    std::string name;                             // record: params type; function: fn name
+    int id = -1;                                    // tensor: IR value
+    double num = 0;                                 // number literal (dtype decided by use)
+    std::string name;                               // record: params type; function: fn name
     std::vector<std::pair<std::string, LV>> fields; // record
-    std::vector<LV> elems;                        // tuple
+    std::vector<LV> elems;                          // tuple
     // function: a gradient transform of `name` when grad_wrt >= 0
     int grad_wrt = -1;
     bool with_value = false;

@@ -21,7 +21,8 @@ std::pair<int, int> SourceFile::line_col(std::uint32_t offset) const {
 std::string SourceFile::line_text(int line) const {
     if (line < 1 || line > int(line_starts_.size())) return "";
     std::uint32_t b = line_starts_[line - 1];
-    std::uint32_t e = line < int(line_starts_.size()) ? line_starts_[line] - 1 : std::uint32_t(text_.size());
+    std::uint32_t e =
+        line < int(line_starts_.size()) ? line_starts_[line] - 1 : std::uint32_t(text_.size());
     std::string s = text_.substr(b, e - b);
     if (!s.empty() && s.back() == '\r') s.pop_back();
     return s;
@@ -32,7 +33,8 @@ std::string SourceFile::format(const Diagnostic& d) const {
     std::string src = line_text(line);
     std::string out = path_ + ":" + std::to_string(line) + ":" + std::to_string(col) +
                       ": error: " + d.message + "\n    " + src + "\n    ";
-    for (int c = 1; c < col; ++c) out += (c - 1 < int(src.size()) && src[c - 1] == '\t') ? '\t' : ' ';
+    for (int c = 1; c < col; ++c)
+        out += (c - 1 < int(src.size()) && src[c - 1] == '\t') ? '\t' : ' ';
     out += '^';
     // Underline the rest of the span on this line.
     auto [end_line, end_col] = line_col(d.span.end);
@@ -43,15 +45,17 @@ std::string SourceFile::format(const Diagnostic& d) const {
 
 void Diagnostics::error(Span s, std::string message, const SourceFile* file) {
     for (const auto& d : items_)
-        if (d.span.begin == s.begin && d.span.end == s.end && d.file == file && d.message == message)
+        if (d.span.begin == s.begin && d.span.end == s.end && d.file == file &&
+            d.message == message)
             return;
     items_.push_back({s, std::move(message), file});
 }
 
 std::string Diagnostics::str() const {
     auto sorted = items_;
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const Diagnostic& a, const Diagnostic& b) { return a.span.begin < b.span.begin; });
+    std::stable_sort(sorted.begin(), sorted.end(), [](const Diagnostic& a, const Diagnostic& b) {
+        return a.span.begin < b.span.begin;
+    });
     std::string out;
     for (const auto& d : sorted) out += (d.file ? d.file : src_)->format(d);
     return out;

@@ -61,13 +61,16 @@ std::string Attrs::str() const {
         std::visit(
             [&](const auto& x) {
                 using T = std::decay_t<decltype(x)>;
-                if constexpr (std::is_same_v<T, bool>) os << (x ? "true" : "false");
+                if constexpr (std::is_same_v<T, bool>)
+                    os << (x ? "true" : "false");
                 else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
                     os << "[";
                     for (std::size_t i = 0; i < x.size(); ++i) os << (i ? ", " : "") << x[i];
                     os << "]";
-                } else if constexpr (std::is_same_v<T, std::string>) os << '"' << x << '"';
-                else os << x;
+                } else if constexpr (std::is_same_v<T, std::string>)
+                    os << '"' << x << '"';
+                else
+                    os << x;
             },
             v);
     }

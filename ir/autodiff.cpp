@@ -12,7 +12,8 @@ Function differentiate(const Function& f, int of, const std::vector<int>& wrt) {
     const int out = f.outputs[std::size_t(of)];
     const Schema& ot = f.type(out);
     if (!is_floating(ot.dtype) || ot.shape.batched || ot.shape.sample_rank() != 0)
-        fail("grad: ", f.name, " must return a floating-point scalar such as f32[], got ", ot.str());
+        fail("grad: ", f.name, " must return a floating-point scalar such as f32[], got ",
+             ot.str());
 
     Function g = f;
     g.name = f.name + "_grad";

@@ -39,8 +39,8 @@ int Builder::op(std::string_view name, std::vector<int> args, Attrs attrs, std::
     std::vector<Schema> in;
     for (int a : args) in.push_back(f_.type(a));
     Schema t = infer_schema(def, in, attrs);
-    f_.nodes.push_back({std::string(name), std::move(args), std::move(attrs), std::move(t),
-                        std::move(label)});
+    f_.nodes.push_back(
+        {std::string(name), std::move(args), std::move(attrs), std::move(t), std::move(label)});
     return int(f_.nodes.size()) - 1;
 }
 
@@ -91,7 +91,8 @@ std::string print(const Function& f) {
             os << " " << n.attrs.get_float("value");
         } else {
             os << "(";
-            for (std::size_t a = 0; a < n.args.size(); ++a) os << (a ? ", " : "") << "%" << n.args[a];
+            for (std::size_t a = 0; a < n.args.size(); ++a)
+                os << (a ? ", " : "") << "%" << n.args[a];
             os << ")";
             if (!n.attrs.entries().empty()) os << " {" << n.attrs.str() << "}";
         }

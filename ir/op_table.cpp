@@ -48,7 +48,8 @@ Schema infer_schema(const OpDef& op, std::span<const Schema> in, const Attrs& at
     const int n = int(in.size());
     if (n < op.min_args || (op.max_args >= 0 && n > op.max_args)) {
         if (op.min_args == op.max_args)
-            fail(op.name, " takes ", op.min_args, " argument", op.min_args == 1 ? "" : "s", ", got ", n);
+            fail(op.name, " takes ", op.min_args, " argument", op.min_args == 1 ? "" : "s",
+                 ", got ", n);
         fail(op.name, " takes ", op.min_args, " to ",
              op.max_args < 0 ? std::string("any number of") : std::to_string(op.max_args),
              " arguments, got ", n);

@@ -3,10 +3,10 @@
 #include "runtime/error.hpp"
 
 #include <cblas.h>
+#include <llvm/Analysis/TargetLibraryInfo.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
-#include <llvm/Analysis/TargetLibraryInfo.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/LLVMContext.h>
@@ -43,7 +43,8 @@ Jit& jit() {
         jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
         auto* out = new Jit; // lives as long as the process: compiled code may run at exit
         out->tm = llvm::cantFail(jtmb.createTargetMachine());
-        out->lljit = llvm::cantFail(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create());
+        out->lljit =
+            llvm::cantFail(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create());
         // libm (tanh, erfc), libmvec (SIMD exp, log, pow) and the rest of the process are
         // reachable from generated code.
         llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
@@ -91,7 +92,7 @@ class GroupEmitter {
         for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
             llvm::Value* at = g_.inputs[k].access == Access::full  ? static_cast<llvm::Value*>(i)
                               : g_.inputs[k].access == Access::row ? b_.CreateURem(i, row_len[k])
-                                                                    : b_.getInt64(0);
+                                                                   : b_.getInt64(0);
             vals_[g_.inputs[k].value] = b_.CreateLoad(t_, b_.CreateGEP(t_, in_ptr[k], at));
         }
         for (int v : g_.nodes) vals_[v] = node(f_.nodes[std::size_t(v)]);
@@ -113,7 +114,8 @@ class GroupEmitter {
         return b_.CreateCall(callee, {x});
     }
     llvm::Value* sigmoid(llvm::Value* x) {
-        return b_.CreateFDiv(c(1), b_.CreateFAdd(c(1), intrinsic(llvm::Intrinsic::exp, {b_.CreateFNeg(x)})));
+        return b_.CreateFDiv(
+            c(1), b_.CreateFAdd(c(1), intrinsic(llvm::Intrinsic::exp, {b_.CreateFNeg(x)})));
     }
 
     // One op of the fused set, with the reference kernels' semantics (ties, NaN order).
@@ -130,7 +132,8 @@ class GroupEmitter {
         if (op == "sigmoid") return sigmoid(arg(0));
         if (op == "relu") return b_.CreateSelect(b_.CreateFCmpOGT(arg(0), c(0)), arg(0), c(0));
         if (op == "gelu") {
-            llvm::Value* phi = b_.CreateFMul(c(0.5), libm("erfcf", "erfc", b_.CreateFMul(arg(0), c(-1 / std::numbers::sqrt2))));
+            llvm::Value* phi = b_.CreateFMul(
+                c(0.5), libm("erfcf", "erfc", b_.CreateFMul(arg(0), c(-1 / std::numbers::sqrt2))));
             return b_.CreateFMul(arg(0), phi);
         }
         if (op == "silu") return b_.CreateFMul(arg(0), sigmoid(arg(0)));
@@ -139,8 +142,10 @@ class GroupEmitter {
         if (op == "mul") return b_.CreateFMul(arg(0), arg(1));
         if (op == "div") return b_.CreateFDiv(arg(0), arg(1));
         if (op == "pow") return intrinsic(llvm::Intrinsic::pow, {arg(0), arg(1)});
-        if (op == "maximum") return b_.CreateSelect(b_.CreateFCmpOGE(arg(0), arg(1)), arg(0), arg(1));
-        if (op == "minimum") return b_.CreateSelect(b_.CreateFCmpOLE(arg(0), arg(1)), arg(0), arg(1));
+        if (op == "maximum")
+            return b_.CreateSelect(b_.CreateFCmpOGE(arg(0), arg(1)), arg(0), arg(1));
+        if (op == "minimum")
+            return b_.CreateSelect(b_.CreateFCmpOLE(arg(0), arg(1)), arg(0), arg(1));
         if (op == "scale") return b_.CreateFMul(arg(0), c(n.attrs.get_float("c")));
         fail("internal: the CPU JIT cannot fuse ", op);
     }
@@ -207,14 +212,16 @@ class CompiledCpu final : public CpuFunction {
             GroupEmitter(*m, f_, plan_.groups[g]).emit(prefix + std::to_string(g));
         std::string err;
         llvm::raw_string_ostream es(err);
-        if (llvm::verifyModule(*m, &es)) fail("internal: the CPU JIT built invalid LLVM IR: ", es.str());
+        if (llvm::verifyModule(*m, &es))
+            fail("internal: the CPU JIT built invalid LLVM IR: ", es.str());
         std::lock_guard<std::mutex> lock(j.mu);
         optimise(*m, *j.tm);
         llvm::raw_string_ostream os(ir_);
         m->print(os, nullptr);
         if (plan_.groups.empty()) return;
         tracker_ = j.lljit->getMainJITDylib().createResourceTracker();
-        check(j.lljit->addIRModule(tracker_, llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))));
+        check(j.lljit->addIRModule(tracker_,
+                                   llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))));
         for (std::size_t g = 0; g < plan_.groups.size(); ++g) {
             auto sym = j.lljit->lookup(prefix + std::to_string(g));
             if (!sym) check(sym.takeError());
@@ -244,13 +251,17 @@ class CompiledCpu final : public CpuFunction {
                          " has schema ", inputs[k].schema().str(), ", expected ", n.type.str());
                 vals[i] = inputs[k];
             } else if (n.op == "const") {
-                vals[i] = RaggedTensor::dense(DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
+                vals[i] = RaggedTensor::dense(
+                    DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
             }
         }
         for (const Step& s : plan_.steps) {
-            if (s.kind == Step::Kind::fused) run_group(std::size_t(s.index), vals);
-            else if (s.kind == Step::Kind::gemm) run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
-            else reference(std::size_t(s.index), vals);
+            if (s.kind == Step::Kind::fused)
+                run_group(std::size_t(s.index), vals);
+            else if (s.kind == Step::Kind::gemm)
+                run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
+            else
+                reference(std::size_t(s.index), vals);
         }
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
@@ -272,10 +283,13 @@ class CompiledCpu final : public CpuFunction {
         for (const auto& in : grp.inputs) {
             if (in.access != Access::full) continue;
             const RaggedTensor& t = vals[std::size_t(in.value)];
-            if (!shape_from) shape_from = &t;
-            else same = same && t.structure().same_as(shape_from->structure());
+            if (!shape_from)
+                shape_from = &t;
+            else
+                same = same && t.structure().same_as(shape_from->structure());
         }
-        if (!shape_from || !same) { // unequal runtime extents: the reference kernels say which sample
+        if (!shape_from ||
+            !same) { // unequal runtime extents: the reference kernels say which sample
             for (int v : grp.nodes) reference(std::size_t(v), vals);
             return;
         }
@@ -292,12 +306,15 @@ class CompiledCpu final : public CpuFunction {
             out.push_back(vals[std::size_t(o)].mutable_data());
         }
         Kernel k = kernels_[g];
-        parallel_for(st->numel(), [&](std::int64_t b, std::int64_t e) { k(b, e, in.data(), out.data(), rows.data()); });
+        parallel_for(st->numel(), [&](std::int64_t b, std::int64_t e) {
+            k(b, e, in.data(), out.data(), rows.data());
+        });
     }
 
     // x @ W over packed rows, or the weight gradient x^T g over packed rows: one GEMM each,
     // whatever the ragged structure of x.
-    static void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedTensor>& vals) {
+    static void run_gemm(const ir::Node& n, RaggedTensor& result,
+                         const std::vector<RaggedTensor>& vals) {
         const RaggedTensor& a = vals[std::size_t(n.args[0])];
         const RaggedTensor& b = vals[std::size_t(n.args[1])];
         const bool weight_grad = n.op == "matmul_weight_grad";
@@ -309,7 +326,8 @@ class CompiledCpu final : public CpuFunction {
             std::vector<std::int64_t> sizes = a.structure().sizes();
             const int d = a.structure().rank();
             for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
-            result = RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, a.batch(), sizes));
+            result =
+                RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, a.batch(), sizes));
         }
         const std::int64_t rows = C ? a.numel() / C : 0;
         if (rows == 0 || C == 0 || D == 0) return; // zeros
@@ -317,12 +335,14 @@ class CompiledCpu final : public CpuFunction {
         const auto ta = weight_grad ? CblasTrans : CblasNoTrans;
         const int m = int(weight_grad ? C : rows), k = int(weight_grad ? rows : C);
         if (n.type.dtype == DType::f32)
-            cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0f, static_cast<const float*>(a.data()),
-                        int(C), static_cast<const float*>(b.data()), int(D), 0.0f,
+            cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0f,
+                        static_cast<const float*>(a.data()), int(C),
+                        static_cast<const float*>(b.data()), int(D), 0.0f,
                         static_cast<float*>(result.mutable_data()), int(D));
         else
-            cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0, static_cast<const double*>(a.data()),
-                        int(C), static_cast<const double*>(b.data()), int(D), 0.0,
+            cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0,
+                        static_cast<const double*>(a.data()), int(C),
+                        static_cast<const double*>(b.data()), int(D), 0.0,
                         static_cast<double*>(result.mutable_data()), int(D));
     }
 
@@ -335,6 +355,8 @@ class CompiledCpu final : public CpuFunction {
 
 } // namespace
 
-std::unique_ptr<CpuFunction> compile_cpu(const ir::Function& f) { return std::make_unique<CompiledCpu>(f); }
+std::unique_ptr<CpuFunction> compile_cpu(const ir::Function& f) {
+    return std::make_unique<CompiledCpu>(f);
+}
 
 } // namespace rag::jit

@@ -7,8 +7,8 @@ namespace rag::jit {
 namespace {
 
 const std::set<std::string, std::less<>> fusable = {
-    "neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "gelu", "silu",
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "scale"};
+    "neg",  "exp", "log", "sqrt", "rsqrt", "abs", "tanh",    "sigmoid", "relu", "gelu",
+    "silu", "add", "sub", "mul",  "div",   "pow", "maximum", "minimum", "scale"};
 
 // How a fused loop over `out` values can read `in`, if it can.
 std::optional<Access> access(const Schema& in, const Schema& out) {
@@ -43,7 +43,9 @@ bool fusable_node(const ir::Function& f, const ir::Node& n) {
 
 } // namespace
 
-bool is_fusable_op(std::string_view op) { return fusable.count(op) > 0; }
+bool is_fusable_op(std::string_view op) {
+    return fusable.count(op) > 0;
+}
 
 Plan make_plan(const ir::Function& f) {
     Plan p;
@@ -99,8 +101,8 @@ std::string print(const Plan& p, const ir::Function& f) {
     for (const Step& s : p.steps) {
         if (s.kind != Step::Kind::fused) {
             const ir::Node& n = f.nodes[std::size_t(s.index)];
-            os << (s.kind == Step::Kind::gemm ? "gemm      %" : "reference %") << s.index << " = " << n.op
-               << "\n";
+            os << (s.kind == Step::Kind::gemm ? "gemm      %" : "reference %") << s.index << " = "
+               << n.op << "\n";
             continue;
         }
         const FusedGroup& g = p.groups[std::size_t(s.index)];
@@ -109,7 +111,10 @@ std::string print(const Plan& p, const ir::Function& f) {
             os << (k ? " " : "") << f.nodes[std::size_t(g.nodes[k])].op;
         os << "  in:";
         for (const auto& in : g.inputs)
-            os << " %" << in.value << (in.access == Access::full ? "" : in.access == Access::row ? "(row)" : "(scalar)");
+            os << " %" << in.value
+               << (in.access == Access::full  ? ""
+                   : in.access == Access::row ? "(row)"
+                                              : "(scalar)");
         os << "  out:";
         for (int o : g.outputs) os << " %" << o;
         os << "\n";

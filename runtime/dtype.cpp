@@ -8,25 +8,36 @@ namespace rag {
 std::size_t dtype_size(DType t) {
     switch (t) {
     case DType::f16:
-    case DType::bf16: return 2;
+    case DType::bf16:
+        return 2;
     case DType::f32:
-    case DType::i32: return 4;
+    case DType::i32:
+        return 4;
     case DType::f64:
-    case DType::i64: return 8;
-    case DType::boolean: return 1;
+    case DType::i64:
+        return 8;
+    case DType::boolean:
+        return 1;
     }
     return 0;
 }
 
 std::string_view dtype_name(DType t) {
     switch (t) {
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::boolean: return "bool";
+    case DType::f16:
+        return "f16";
+    case DType::bf16:
+        return "bf16";
+    case DType::f32:
+        return "f32";
+    case DType::f64:
+        return "f64";
+    case DType::i32:
+        return "i32";
+    case DType::i64:
+        return "i64";
+    case DType::boolean:
+        return "bool";
     }
     return "?";
 }
@@ -97,26 +108,47 @@ std::uint16_t float_to_bf16(float f) {
 
 double load_as_f64(const void* data, DType t, std::size_t i) {
     switch (t) {
-    case DType::f16: return half_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::f64: return static_cast<const double*>(data)[i];
-    case DType::i32: return static_cast<const std::int32_t*>(data)[i];
-    case DType::i64: return double(static_cast<const std::int64_t*>(data)[i]);
-    case DType::boolean: return static_cast<const std::uint8_t*>(data)[i] ? 1.0 : 0.0;
+    case DType::f16:
+        return half_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::bf16:
+        return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::f32:
+        return static_cast<const float*>(data)[i];
+    case DType::f64:
+        return static_cast<const double*>(data)[i];
+    case DType::i32:
+        return static_cast<const std::int32_t*>(data)[i];
+    case DType::i64:
+        return double(static_cast<const std::int64_t*>(data)[i]);
+    case DType::boolean:
+        return static_cast<const std::uint8_t*>(data)[i] ? 1.0 : 0.0;
     }
     return 0;
 }
 
 void store_from_f64(void* data, DType t, std::size_t i, double v) {
     switch (t) {
-    case DType::f16: static_cast<std::uint16_t*>(data)[i] = float_to_half(float(v)); break;
-    case DType::bf16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(float(v)); break;
-    case DType::f32: static_cast<float*>(data)[i] = float(v); break;
-    case DType::f64: static_cast<double*>(data)[i] = v; break;
-    case DType::i32: static_cast<std::int32_t*>(data)[i] = std::int32_t(v); break;
-    case DType::i64: static_cast<std::int64_t*>(data)[i] = std::int64_t(v); break;
-    case DType::boolean: static_cast<std::uint8_t*>(data)[i] = v != 0.0; break;
+    case DType::f16:
+        static_cast<std::uint16_t*>(data)[i] = float_to_half(float(v));
+        break;
+    case DType::bf16:
+        static_cast<std::uint16_t*>(data)[i] = float_to_bf16(float(v));
+        break;
+    case DType::f32:
+        static_cast<float*>(data)[i] = float(v);
+        break;
+    case DType::f64:
+        static_cast<double*>(data)[i] = v;
+        break;
+    case DType::i32:
+        static_cast<std::int32_t*>(data)[i] = std::int32_t(v);
+        break;
+    case DType::i64:
+        static_cast<std::int64_t*>(data)[i] = std::int64_t(v);
+        break;
+    case DType::boolean:
+        static_cast<std::uint8_t*>(data)[i] = v != 0.0;
+        break;
     }
 }
 

@@ -9,7 +9,7 @@ namespace rag {
 
 enum class DType : std::uint8_t { f16, bf16, f32, f64, i32, i64, boolean };
 
-inline constexpr DType all_dtypes[] = {DType::f16, DType::bf16, DType::f32, DType::f64,
+inline constexpr DType all_dtypes[] = {DType::f16, DType::bf16, DType::f32,    DType::f64,
                                        DType::i32, DType::i64,  DType::boolean};
 
 std::size_t dtype_size(DType t);

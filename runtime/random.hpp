@@ -28,7 +28,8 @@ inline std::uint64_t fnv1a64(std::string_view s) {
 
 class CounterRng {
   public:
-    CounterRng(std::uint64_t seed, std::string_view stream) : key_(splitmix64(seed ^ fnv1a64(stream))) {}
+    CounterRng(std::uint64_t seed, std::string_view stream)
+        : key_(splitmix64(seed ^ fnv1a64(stream))) {}
     double uniform(std::uint64_t k) const { return double(splitmix64(key_ + k) >> 11) * 0x1.0p-53; }
     double normal(std::uint64_t k) const {
         double u1 = 1.0 - uniform(2 * k), u2 = uniform(2 * k + 1);

@@ -24,16 +24,26 @@ std::string shape_str(const Shape& s) {
     for (const Axis& a : s.axes) {
         sep();
         switch (a.kind) {
-        case AxisKind::fixed: out += std::to_string(a.extent); break;
-        case AxisKind::symbolic: out += a.name; break;
-        case AxisKind::ragged: out += "~" + a.name; break;
+        case AxisKind::fixed:
+            out += std::to_string(a.extent);
+            break;
+        case AxisKind::symbolic:
+            out += a.name;
+            break;
+        case AxisKind::ragged:
+            out += "~" + a.name;
+            break;
         }
     }
     return out + "]";
 }
 
-std::string Schema::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
+std::string Schema::str() const {
+    return std::string(dtype_name(dtype)) + shape_str(shape);
+}
 
-std::size_t Schema::hash() const { return std::hash<std::string>{}(str()); }
+std::size_t Schema::hash() const {
+    return std::hash<std::string>{}(str());
+}
 
 } // namespace rag

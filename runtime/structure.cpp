@@ -20,7 +20,8 @@ std::string sample_shape_str(std::span<const std::int64_t> s) {
 StructurePtr Structure::make(Shape shape, std::int64_t batch, std::vector<std::int64_t> sizes) {
     auto st = std::shared_ptr<Structure>(new Structure());
     const int d = shape.sample_rank();
-    if (!shape.batched && batch != 1) fail("an unbatched value has exactly one sample, got ", batch);
+    if (!shape.batched && batch != 1)
+        fail("an unbatched value has exactly one sample, got ", batch);
     if (batch < 0) fail("batch size must be >= 0, got ", batch);
     if (std::int64_t(sizes.size()) != batch * d)
         fail("sizes hold ", sizes.size(), " entries; expected B * rank = ", batch, " * ", d);
@@ -37,8 +38,8 @@ StructurePtr Structure::make(Shape shape, std::int64_t batch, std::vector<std::i
                 if (bx.kind == ax.kind && ax.kind != AxisKind::fixed && bx.name == ax.name &&
                     s[a] != s[b])
                     fail("sample ", i, " has shape ", sample_shape_str(s), ": axes ",
-                         b + shape.batched, " and ", a + shape.batched, " share the name ",
-                         ax.name, " but have extents ", s[b], " and ", s[a]);
+                         b + shape.batched, " and ", a + shape.batched, " share the name ", ax.name,
+                         " but have extents ", s[b], " and ", s[a]);
             }
             if (ax.kind == AxisKind::symbolic && i > 0 && s[a] != sizes[a])
                 fail("sample ", i, " has shape ", sample_shape_str(s), ": symbolic axis ", ax.name,
@@ -56,7 +57,8 @@ StructurePtr Structure::make(Shape shape, std::int64_t batch, std::vector<std::i
     st->row_width_ = 1;
     for (int a = 0; a < d; ++a)
         if (!shape.axes[a].is_ragged())
-            st->row_width_ *= batch > 0 ? sizes[a] : std::max<std::int64_t>(shape.axes[a].extent, 0);
+            st->row_width_ *=
+                batch > 0 ? sizes[a] : std::max<std::int64_t>(shape.axes[a].extent, 0);
     std::vector<int> ragged;
     for (int a = 0; a < d; ++a)
         if (shape.axes[a].is_ragged()) ragged.push_back(a);
@@ -153,17 +155,22 @@ std::vector<Axis> parse_axes(std::string_view spec) {
         bool ragged = i < spec.size() && spec[i] == '~';
         if (ragged) ++i;
         std::size_t start = i;
-        while (i < spec.size() && (std::isalnum(static_cast<unsigned char>(spec[i])) || spec[i] == '_'))
+        while (i < spec.size() &&
+               (std::isalnum(static_cast<unsigned char>(spec[i])) || spec[i] == '_'))
             ++i;
         std::string tok(spec.substr(start, i - start));
         if (tok.empty()) fail("axis spec '", spec, "': expected an axis at column ", start + 1);
         bool digits = std::all_of(tok.begin(), tok.end(), [](char c) { return std::isdigit(c); });
-        if (ragged && digits) fail("axis spec '", spec, "': a ragged axis needs a name, got ~", tok);
-        if (ragged) axes.push_back(Axis::ragged_of(tok));
-        else if (digits) axes.push_back(Axis::fixed_of(std::stoll(tok)));
+        if (ragged && digits)
+            fail("axis spec '", spec, "': a ragged axis needs a name, got ~", tok);
+        if (ragged)
+            axes.push_back(Axis::ragged_of(tok));
+        else if (digits)
+            axes.push_back(Axis::fixed_of(std::stoll(tok)));
         else if (std::isdigit(static_cast<unsigned char>(tok[0])))
             fail("axis spec '", spec, "': bad axis '", tok, "'");
-        else axes.push_back(Axis::symbolic_of(tok));
+        else
+            axes.push_back(Axis::symbolic_of(tok));
         skip();
         if (i == spec.size()) break;
         if (spec[i] != ',') fail("axis spec '", spec, "': expected ',' at column ", i + 1);

@@ -32,7 +32,9 @@ class Structure {
     const Shape& shape() const { return shape_; }
     std::int64_t batch() const { return batch_; }
     int rank() const { return shape_.sample_rank(); }
-    std::int64_t size(std::int64_t sample, int axis) const { return sizes_[sample * rank() + axis]; }
+    std::int64_t size(std::int64_t sample, int axis) const {
+        return sizes_[sample * rank() + axis];
+    }
     std::span<const std::int64_t> sample_shape(std::int64_t sample) const {
         return {sizes_.data() + sample * rank(), std::size_t(rank())};
     }

@@ -39,8 +39,9 @@ Buffer Buffer::allocate(std::size_t nbytes) {
     void* p = std::aligned_alloc(64, rounded ? rounded : 64);
     if (!p) fail("out of memory allocating ", nbytes, " bytes");
     std::memset(p, 0, rounded ? rounded : 64);
-    return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); }),
-            nbytes};
+    return {
+        std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); }),
+        nbytes};
 }
 
 RaggedTensor::RaggedTensor(DType dtype, StructurePtr st, Buffer values)
@@ -87,7 +88,8 @@ template <class Fn> void for_each_element(const Structure& st, std::int64_t i, F
 
 } // namespace
 
-RaggedTensor RaggedTensor::from_list(const std::vector<DenseArray>& samples, std::vector<Axis> axes) {
+RaggedTensor RaggedTensor::from_list(const std::vector<DenseArray>& samples,
+                                     std::vector<Axis> axes) {
     const int d = int(axes.size());
     DType t = samples.empty() ? DType::f32 : samples[0].dtype;
     std::vector<std::int64_t> sizes;
@@ -123,10 +125,14 @@ RaggedTensor RaggedTensor::from_list(const std::vector<DenseArray>& samples) {
     for (std::size_t a = 0; a < d; ++a) {
         bool varies = false;
         for (const auto& s : samples)
-            if (s.shape.size() != d) fail("samples have different ranks: ", s.shape.size(), " vs ", d);
-            else varies |= s.shape[a] != samples[0].shape[a];
-        if (varies) axes.push_back(Axis::ragged_of(names[next++ % 8]));
-        else axes.push_back(Axis::fixed_of(samples[0].shape[a]));
+            if (s.shape.size() != d)
+                fail("samples have different ranks: ", s.shape.size(), " vs ", d);
+            else
+                varies |= s.shape[a] != samples[0].shape[a];
+        if (varies)
+            axes.push_back(Axis::ragged_of(names[next++ % 8]));
+        else
+            axes.push_back(Axis::fixed_of(samples[0].shape[a]));
     }
     return from_list(samples, std::move(axes));
 }
@@ -144,7 +150,8 @@ RaggedTensor RaggedTensor::from_padded(const DenseArray& padded, std::vector<Axi
                                        const std::vector<std::vector<std::int64_t>>& lengths) {
     const int d = int(axes.size());
     if (int(padded.shape.size()) != d + 1)
-        fail("from_padded: array of rank ", padded.shape.size(), " for ", d, " per-sample axes + B");
+        fail("from_padded: array of rank ", padded.shape.size(), " for ", d,
+             " per-sample axes + B");
     const std::int64_t B = padded.shape[0];
     std::vector<std::int64_t> sizes;
     for (std::int64_t i = 0; i < B; ++i) {
@@ -224,10 +231,12 @@ std::vector<std::int64_t> padded_shape(const Structure& st) {
 
 DenseArray RaggedTensor::to_padded(double value) const {
     DenseArray out = DenseArray::zeros(dtype_, padded_shape(*st_));
-    for (std::int64_t k = 0; k < out.numel(); ++k) store_from_f64(out.bytes.data(), dtype_, k, value);
+    for (std::int64_t k = 0; k < out.numel(); ++k)
+        store_from_f64(out.bytes.data(), dtype_, k, value);
     const std::size_t es = dtype_size(dtype_);
     scatter_padded(*st_, [&](std::int64_t dst, std::int64_t src) {
-        std::memcpy(out.bytes.data() + dst * es, static_cast<const std::byte*>(data()) + src * es, es);
+        std::memcpy(out.bytes.data() + dst * es, static_cast<const std::byte*>(data()) + src * es,
+                    es);
     });
     return out;
 }
@@ -244,7 +253,9 @@ std::vector<double> RaggedTensor::to_f64() const {
     return out;
 }
 
-RaggedTensor RaggedTensor::astype(DType t) const { return from_f64(t, st_, to_f64()); }
+RaggedTensor RaggedTensor::astype(DType t) const {
+    return from_f64(t, st_, to_f64());
+}
 
 double RaggedTensor::item() const {
     if (numel() != 1) fail("item: tensor ", schema().str(), " holds ", numel(), " values, not 1");
@@ -258,7 +269,8 @@ std::string describe(const RaggedTensor& t) {
     std::vector<std::string> shown;
     for (int a = 0; a < t.structure().rank(); ++a) {
         const std::string& name = t.shape().axes[a].name;
-        if (!t.shape().axes[a].is_ragged() || std::count(shown.begin(), shown.end(), name)) continue;
+        if (!t.shape().axes[a].is_ragged() || std::count(shown.begin(), shown.end(), name))
+            continue;
         shown.push_back(name);
         out += " " + t.shape().axes[a].name + "=[";
         auto l = t.structure().lengths(a);

@@ -7,14 +7,19 @@ namespace {
 
 std::string axis_str(const Axis& a) {
     switch (a.kind) {
-    case AxisKind::fixed: return std::to_string(a.extent);
-    case AxisKind::symbolic: return a.name;
-    case AxisKind::ragged: return "~" + a.name;
+    case AxisKind::fixed:
+        return std::to_string(a.extent);
+    case AxisKind::symbolic:
+        return a.name;
+    case AxisKind::ragged:
+        return "~" + a.name;
     }
     return "?";
 }
 
-bool is_one(const Axis& a) { return a.kind == AxisKind::fixed && a.extent == 1; }
+bool is_one(const Axis& a) {
+    return a.kind == AxisKind::fixed && a.extent == 1;
+}
 
 // For each per-sample axis of `in`, the per-sample axis of `out` it aligns with; -1 when it
 // aligns with out's batch axis (only an unbatched extent-1 axis may).
@@ -114,9 +119,8 @@ Plan plan(std::span<const RaggedTensor> in, const Shape& out_shape, std::string_
                     std::int64_t j = in[from[a]].shape().batched ? i : 0;
                     fail(op, ": sample ", i, ": shapes ",
                          sample_str(in[from[a]].structure().sample_shape(j)), " and ",
-                         sample_str(in[k].structure().sample_shape(ik)),
-                         " do not match on axis ", a + (out_shape.batched ? 1 : 0), " (", s[a],
-                         " vs ", n, ")");
+                         sample_str(in[k].structure().sample_shape(ik)), " do not match on axis ",
+                         a + (out_shape.batched ? 1 : 0), " (", s[a], " vs ", n, ")");
                 }
             }
         }

@@ -18,8 +18,12 @@ struct Unary {
     double (*df)(double x, double y); // derivative from the input x and the output y
 };
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double normal_cdf(double x) { return 0.5 * std::erfc(-x / std::numbers::sqrt2); }
+double sigmoid(double x) {
+    return 1.0 / (1.0 + std::exp(-x));
+}
+double normal_cdf(double x) {
+    return 0.5 * std::erfc(-x / std::numbers::sqrt2);
+}
 
 const Unary unary_ops[] = {
     {"neg", "-x", [](double x) { return -x; }, [](double, double) { return -1.0; }},
@@ -31,7 +35,9 @@ const Unary unary_ops[] = {
     {"rsqrt", "1 / sqrt(x)", [](double x) { return 1.0 / std::sqrt(x); },
      [](double x, double y) { return -0.5 * y / x; }},
     {"abs", "|x|", [](double x) { return std::fabs(x); },
-     [](double x, double) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; }},
+     [](double x, double) { return x > 0   ? 1.0
+                                   : x < 0 ? -1.0
+                                           : 0.0; }},
     {"tanh", "hyperbolic tangent", [](double x) { return std::tanh(x); },
      [](double, double y) { return 1.0 - y * y; }},
     {"sigmoid", "1 / (1 + e^-x)", sigmoid, [](double, double y) { return y * (1.0 - y); }},
@@ -68,8 +74,7 @@ Schema broadcast_rule(std::span<const Schema> in, std::string_view op, DType out
 
 void add_unary(OpTable& t, const Unary& u) {
     std::string name = u.name;
-    t.add({name, 1, 1, u.doc,
-           [name](auto in, auto&) { return float_same(in, name); },
+    t.add({name, 1, 1, u.doc, [name](auto in, auto&) { return float_same(in, name); },
            [f = u.f](auto in, auto&) { return kern::map_values(in[0], in[0].dtype(), f); },
            [name](Emitter& e, auto in, Val out, Val g, auto&) -> std::vector<std::optional<Val>> {
                return {e.emit("unary_grad", {in[0], out, g}, {{"fn", name}})};
@@ -109,8 +114,8 @@ const Binary* find_binary(std::string_view name) {
     fail("binary_grad: unknown function '", name, "'");
 }
 
-std::vector<std::optional<Val>> binary_vjp(Emitter& e, std::string_view name, std::span<const Val> in,
-                                           Val out, Val g) {
+std::vector<std::optional<Val>> binary_vjp(Emitter& e, std::string_view name,
+                                           std::span<const Val> in, Val out, Val g) {
     auto sum_to = [&](Val v, Val like) { return e.emit("sum_to", {v, like}); };
     Val a = in[0], b = in[1];
     if (name == "add") return {sum_to(g, a), sum_to(g, b)};
@@ -144,7 +149,10 @@ void add_binary(OpTable& t, const Binary& op) {
 
 void add_comparison(OpTable& t, const char* name, const char* doc, bool (*f)(double, double)) {
     std::string n = name;
-    t.add({n, 2, 2, doc,
+    t.add({n,
+           2,
+           2,
+           doc,
            [n](auto in, auto&) { return broadcast_rule(in, n, DType::boolean); },
            [n, f](auto in, auto&) {
                return broadcast_apply(in, DType::boolean, n,
@@ -183,7 +191,10 @@ void register_elementwise_ops(OpTable& t) {
                        e.emit("sum_to", {e.emit("where", {in[0], zero, g}), in[2]})};
            }});
 
-    t.add({"sum_to", 2, 2, "sum_to(g, like): g summed over the axes along which like broadcast",
+    t.add({"sum_to",
+           2,
+           2,
+           "sum_to(g, like): g summed over the axes along which like broadcast",
            [](auto in, auto&) {
                // like must broadcast to g's shape.
                std::vector<Shape> shapes{in[0].shape, in[1].shape};
@@ -198,7 +209,10 @@ void register_elementwise_ops(OpTable& t) {
            },
            {1}});
 
-    t.add({"unary_grad", 3, 3, "unary_grad(x, y, g, fn=name): g * fn'(x) given y = fn(x)",
+    t.add({"unary_grad",
+           3,
+           3,
+           "unary_grad(x, y, g, fn=name): g * fn'(x) given y = fn(x)",
            [](auto in, auto& at) {
                find_unary(at.get_str("fn"));
                return in[2];
@@ -211,7 +225,9 @@ void register_elementwise_ops(OpTable& t) {
            },
            {}});
 
-    t.add({"binary_grad", 4, 4,
+    t.add({"binary_grad",
+           4,
+           4,
            "binary_grad(a, b, y, g, fn=name, wrt=0|1): g * dy/da (or dy/db), broadcast shape",
            [](auto in, auto& at) {
                find_binary(at.get_str("fn"));
@@ -220,9 +236,8 @@ void register_elementwise_ops(OpTable& t) {
            [](auto in, auto& at) {
                const Binary* op = find_binary(at.get_str("fn"));
                auto d = at.get_int("wrt") == 0 ? op->da : op->db;
-               return broadcast_apply(in, in[3].dtype(), "binary_grad", [d](const double* x) {
-                   return x[3] * d(x[0], x[1], x[2]);
-               });
+               return broadcast_apply(in, in[3].dtype(), "binary_grad",
+                                      [d](const double* x) { return x[3] * d(x[0], x[1], x[2]); });
            },
            {}});
 

@@ -23,14 +23,17 @@ std::string slurp(const fs::path& p) {
     return ss.str();
 }
 
-bool updating() { return std::getenv("RAG_UPDATE_GOLDEN") != nullptr; }
+bool updating() {
+    return std::getenv("RAG_UPDATE_GOLDEN") != nullptr;
+}
 
 void expect_golden(const fs::path& expected, const std::string& got) {
     if (updating()) {
         std::ofstream(expected) << got;
         return;
     }
-    ASSERT_TRUE(fs::exists(expected)) << expected << " is missing; run RAG_UPDATE_GOLDEN=1 ./dev test";
+    ASSERT_TRUE(fs::exists(expected))
+        << expected << " is missing; run RAG_UPDATE_GOLDEN=1 ./dev test";
     EXPECT_EQ(got, slurp(expected)) << "golden " << expected;
 }
 
@@ -54,10 +57,12 @@ TEST(Golden, ErrorPrograms) {
 }
 
 TEST(Golden, ExampleIr) {
-    const std::pair<const char*, const char*> cases[] = {
-        {"single_pair_single", "block"}, {"single_pair_single", "train_step"},
-        {"single_pair_single", "block_rect"}, {"single_pair_single", "block_nonleading"},
-        {"encoder", "encoder"}, {"encoder", "train_step"}};
+    const std::pair<const char*, const char*> cases[] = {{"single_pair_single", "block"},
+                                                         {"single_pair_single", "train_step"},
+                                                         {"single_pair_single", "block_rect"},
+                                                         {"single_pair_single", "block_nonleading"},
+                                                         {"encoder", "encoder"},
+                                                         {"encoder", "train_step"}};
     for (auto [file, fn] : cases) {
         auto m = Module::load((root / "examples" / (std::string(file) + ".rag")).string());
         expect_golden(root / "tests/golden/ir" / (std::string(file) + "." + fn + ".ir"), m->ir(fn));

@@ -45,7 +45,8 @@ std::pair<Nd, Nd> block_reference(const Nd& x, const Value& p) {
             for (int c = 0; c < 128; ++c) mean += (h[c] = a({i, c}) + bb({j, c})) / 128;
             for (int c = 0; c < 128; ++c) var += (h[c] - mean) * (h[c] - mean) / 128;
             double ln[128];
-            for (int c = 0; c < 128; ++c) ln[c] = (h[c] - mean) / std::sqrt(var + 1e-5) * g({c}) + b({c});
+            for (int c = 0; c < 128; ++c)
+                ln[c] = (h[c] - mean) / std::sqrt(var + 1e-5) * g({c}) + b({c});
             for (int o = 0; o < 128; ++o) {
                 double s = h[o];
                 for (int c = 0; c < 128; ++c) s += ln[c] * wh({c, o});
@@ -90,7 +91,8 @@ TEST(Language, TrainStepLossFalls) {
         losses.push_back(r.elems[0].tensor.item());
         p = r.elems[1];
     }
-    for (std::size_t s = 1; s < losses.size(); ++s) EXPECT_LT(losses[s], losses[s - 1]) << "step " << s;
+    for (std::size_t s = 1; s < losses.size(); ++s)
+        EXPECT_LT(losses[s], losses[s - 1]) << "step " << s;
     EXPECT_EQ(m->stats().at("train_step").compilations, 1);
 }
 
@@ -132,7 +134,8 @@ TEST(Language, AxisZeroReducesEachSampleCompletely) {
 }
 
 TEST(Language, NumberLiteralsCanBeResults) {
-    auto m = Module::compile("fn f(x: f32[B, ~N, 3]) { return (x, 2) }\nfn g() -> f32[] { return 1.5 }");
+    auto m =
+        Module::compile("fn f(x: f32[B, ~N, 3]) { return (x, 2) }\nfn g() -> f32[] { return 1.5 }");
     Value r = m->call("f", {singles(DType::f32, {1, 2}, 3)});
     EXPECT_EQ(r.elems[1].tensor.item(), 2.0);
     EXPECT_EQ(m->call("g", {}).tensor.item(), 1.5);
@@ -163,7 +166,8 @@ TEST(Language, DeclaredRaggedNamesBindAtTheCall) {
     auto msg = error_of([&] { m->call("f", {bad}); });
     EXPECT_NE(msg.find("sample 1"), std::string::npos) << msg;
     auto wrong = random_batch(DType::f32, "~A", {{3}});
-    EXPECT_NE(error_of([&] { m->call("f", {wrong}); }).find("expected f32[B, ~N, ~N]"), std::string::npos);
+    EXPECT_NE(error_of([&] { m->call("f", {wrong}); }).find("expected f32[B, ~N, ~N]"),
+              std::string::npos);
 }
 
 // A random value of a declared type; records come from init().
@@ -173,9 +177,10 @@ Value random_value(Module& m, const frontend::VType& t, const std::vector<std::i
 }
 
 TEST(Language, EveryExampleTrainStepLowersItsLoss) {
-    const std::pair<const char*, const char*> cases[] = {{"single_pair_single.rag", "train_step_rect"},
-                                                         {"single_pair_single.rag", "train_step_nonleading"},
-                                                         {"encoder.rag", "train_step"}};
+    const std::pair<const char*, const char*> cases[] = {
+        {"single_pair_single.rag", "train_step_rect"},
+        {"single_pair_single.rag", "train_step_nonleading"},
+        {"encoder.rag", "train_step"}};
     for (auto [file, fn] : cases) {
         auto m = example(file);
         Diagnostics diags(*m->program().units[0].src);
@@ -198,12 +203,15 @@ TEST(Language, EveryExampleTrainStepLowersItsLoss) {
 }
 
 TEST(Language, EveryExampleCompilesOncePerSchemaAcrossLengths) {
-    const std::vector<std::vector<std::int64_t>> batches = {{5, 17, 9}, {4, 4, 4}, {0, 3, 1}, {1},
-                                                            {2, 2},     {7, 0, 0, 2}, {3, 1, 4, 1}, {6}};
+    const std::vector<std::vector<std::int64_t>> batches = {
+        {5, 17, 9}, {4, 4, 4}, {0, 3, 1}, {1}, {2, 2}, {7, 0, 0, 2}, {3, 1, 4, 1}, {6}};
     const std::pair<const char*, const char*> cases[] = {
-        {"single_pair_single.rag", "block"}, {"single_pair_single.rag", "train_step"},
-        {"single_pair_single.rag", "block_rect"}, {"single_pair_single.rag", "train_step_nonleading"},
-        {"encoder.rag", "encoder"}, {"encoder.rag", "train_step"}};
+        {"single_pair_single.rag", "block"},
+        {"single_pair_single.rag", "train_step"},
+        {"single_pair_single.rag", "block_rect"},
+        {"single_pair_single.rag", "train_step_nonleading"},
+        {"encoder.rag", "encoder"},
+        {"encoder.rag", "train_step"}};
     for (auto [file, fn] : cases) {
         auto m = example(file);
         Diagnostics diags(*m->program().units[0].src);
@@ -228,7 +236,8 @@ TEST(Language, ANewStaticExtentCompilesOnceMore) {
 
 // Every example's loss: the derived gradient (IR autodiff) agrees with float64 central
 // differences of the same program, run in float64.
-void check_example_gradient(const char* file, const char* fn, const std::vector<std::int64_t>& lengths) {
+void check_example_gradient(const char* file, const char* fn,
+                            const std::vector<std::int64_t>& lengths) {
     auto m = example(file);
     Diagnostics diags(*m->program().units[0].src);
     auto lowered = frontend::lower(m->program(), fn, std::nullopt, diags);
@@ -238,7 +247,8 @@ void check_example_gradient(const char* file, const char* fn, const std::vector<
     std::vector<int> wrt;
     for (std::size_t k = 0; k < f.inputs.size(); ++k) {
         const Schema& s = f.type(f.inputs[k]);
-        inputs.push_back(random_for(s, lengths, s.shape.batched ? -1.0 : -0.3, s.shape.batched ? 1.0 : 0.3));
+        inputs.push_back(
+            random_for(s, lengths, s.shape.batched ? -1.0 : -0.3, s.shape.batched ? 1.0 : 0.3));
         if (is_floating(s.dtype)) wrt.push_back(int(k));
     }
     check_program_gradient(f, inputs, wrt, 2e-5, 6);

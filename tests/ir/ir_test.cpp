@@ -10,8 +10,12 @@ namespace {
 
 using namespace rag::testing;
 
-Schema ragged(DType t, std::string_view axes) { return {t, Shape{true, parse_axes(axes)}}; }
-Schema dense(DType t, std::string_view axes) { return {t, Shape{false, parse_axes(axes)}}; }
+Schema ragged(DType t, std::string_view axes) {
+    return {t, Shape{true, parse_axes(axes)}};
+}
+Schema dense(DType t, std::string_view axes) {
+    return {t, Shape{false, parse_axes(axes)}};
+}
 
 // loss(x, w) = mean(tanh(x * w) * x) + sum(x) * 0.5
 ir::Function small_loss(DType t) {
@@ -32,7 +36,9 @@ TEST(Ir, BuilderInfersSchemasAndPrints) {
     ir::Function f = small_loss(DType::f32);
     ir::verify(f);
     std::string text = ir::print(f);
-    EXPECT_NE(text.find("fn small(%0: f32[B, ~N, 3] x, %1: f32[3] w) -> (f32[])"), std::string::npos) << text;
+    EXPECT_NE(text.find("fn small(%0: f32[B, ~N, 3] x, %1: f32[3] w) -> (f32[])"),
+              std::string::npos)
+        << text;
     EXPECT_NE(text.find("= tanh(%2) : f32[B, ~N, 3]  # h"), std::string::npos) << text;
     EXPECT_NE(text.find("= const 0.5 : f32[]"), std::string::npos) << text;
 }
@@ -59,7 +65,8 @@ TEST(Ir, InterpreterChecksArguments) {
     auto x = random_batch(DType::f32, "~N, 3", {{2, 3}});
     auto w = random_dense(DType::f32, {4});
     auto msg = error_of([&] { ir::interpret(f, {x, w}); });
-    EXPECT_NE(msg.find("argument 1 (w) has schema f32[4], expected f32[3]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("argument 1 (w) has schema f32[4], expected f32[3]"), std::string::npos)
+        << msg;
     EXPECT_NE(error_of([&] { ir::interpret(f, {x}); }).find("takes 2 tensors"), std::string::npos);
 }
 
@@ -94,7 +101,8 @@ TEST(Autodiff, UnusedInputsGetZeroGradients) {
     int y = b.input(dense(DType::f64, "2"), "y");
     f.outputs = {b.op("sum", {b.op("exp", {x})})};
     auto d = ir::differentiate(f, 0, {1});
-    auto out = ir::interpret(d, {random_batch(DType::f64, "~N", {{3}}), random_dense(DType::f64, {2})});
+    auto out =
+        ir::interpret(d, {random_batch(DType::f64, "~N", {{3}}), random_dense(DType::f64, {2})});
     EXPECT_EQ(out[1].to_f64(), (std::vector<double>{0, 0}));
     (void)y;
 }
@@ -117,8 +125,9 @@ TEST(Autodiff, RejectsNonScalarResults) {
     f.name = "vec";
     ir::Builder b(f);
     f.outputs = {b.op("exp", {b.input(ragged(DType::f32, "~N"), "x")})};
-    EXPECT_NE(error_of([&] { ir::differentiate(f, 0, {0}); }).find("must return a floating-point scalar"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of([&] { ir::differentiate(f, 0, {0}); }).find("must return a floating-point scalar"),
+        std::string::npos);
 }
 
 TEST(Ir, InlineCall) {
@@ -133,7 +142,8 @@ TEST(Ir, InlineCall) {
     ir::verify(f);
     auto xs = random_batch(DType::f64, "~N, 3", {{2, 3}});
     auto ws = random_dense(DType::f64, {3});
-    EXPECT_NEAR(ir::interpret(f, {xs, ws})[0].item(), 2 * ir::interpret(callee, {xs, ws})[0].item(), 1e-12);
+    EXPECT_NEAR(ir::interpret(f, {xs, ws})[0].item(), 2 * ir::interpret(callee, {xs, ws})[0].item(),
+                1e-12);
 }
 
 TEST(Ir, WithDtypeRetypesAProgram) {

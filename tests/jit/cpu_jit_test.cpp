@@ -26,7 +26,8 @@ double rel_l2(const RaggedTensor& a, const RaggedTensor& b) {
     return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-void expect_tiers_agree(const ir::Function& f, const std::vector<RaggedTensor>& in, double tol = 1e-5) {
+void expect_tiers_agree(const ir::Function& f, const std::vector<RaggedTensor>& in,
+                        double tol = 1e-5) {
     auto want = ir::interpret(f, in);
     auto got = jit::compile_cpu(f)->run(in);
     ASSERT_EQ(got.size(), want.size());
@@ -37,10 +38,13 @@ void expect_tiers_agree(const ir::Function& f, const std::vector<RaggedTensor>& 
     }
 }
 
-Schema ragged(DType t, std::string_view axes) { return {t, Shape{true, parse_axes(axes)}}; }
+Schema ragged(DType t, std::string_view axes) {
+    return {t, Shape{true, parse_axes(axes)}};
+}
 
 TEST(CpuJit, EveryFusedOpAgreesWithTheInterpreter) {
-    const char* unary[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "gelu", "silu"};
+    const char* unary[] = {"neg",  "exp",     "log",  "sqrt", "rsqrt", "abs",
+                           "tanh", "sigmoid", "relu", "gelu", "silu"};
     const char* binary[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
     for (DType t : {DType::f32, DType::f64}) {
         auto shapes = shapes_for("~N, ~N, 5", {{0}, {1}, {7}, {3}});
@@ -78,11 +82,13 @@ TEST(CpuJit, ChainsFuseIntoOneVectorisedLoop) {
     auto cpu = jit::compile_cpu(f);
     ASSERT_EQ(cpu->plan().groups.size(), 1u);
     EXPECT_EQ(cpu->plan().groups[0].nodes.size(), 5u);
-    EXPECT_EQ(jit::print(cpu->plan(), f), "fused     add relu scale exp maximum  in: %0 %1  out: %6\n");
+    EXPECT_EQ(jit::print(cpu->plan(), f),
+              "fused     add relu scale exp maximum  in: %0 %1  out: %6\n");
     // The loop vectoriser turned the loop into SIMD code over packed rows.
     EXPECT_NE(cpu->llvm_ir().find("x float>"), std::string::npos) << cpu->llvm_ir();
     auto in = random_batch(DType::f32, "~N, 64", shapes_for("~N, 64", {{0}, {1}, {300}, {1200}}));
-    expect_tiers_agree(f, {in, random_batch(DType::f32, "~N, 64", shapes_for("~N, 64", {{0}, {1}, {300}, {1200}}))});
+    expect_tiers_agree(f, {in, random_batch(DType::f32, "~N, 64",
+                                            shapes_for("~N, 64", {{0}, {1}, {300}, {1200}}))});
 }
 
 TEST(CpuJit, MatmulOverPackedRowsIsOneGemm) {
@@ -93,7 +99,8 @@ TEST(CpuJit, MatmulOverPackedRowsIsOneGemm) {
     int w = b.input({DType::f32, Shape{false, parse_axes("16, 8")}}, "w");
     f.outputs = {b.op("relu", {b.op("matmul", {x, w})})};
     auto cpu = jit::compile_cpu(f);
-    EXPECT_EQ(jit::print(cpu->plan(), f), "gemm      %2 = matmul\nfused     relu  in: %2  out: %3\n");
+    EXPECT_EQ(jit::print(cpu->plan(), f),
+              "gemm      %2 = matmul\nfused     relu  in: %2  out: %3\n");
     for (DType t : {DType::f32, DType::f64}) {
         ir::Function g = f;
         for (auto& n : g.nodes) n.type.dtype = t;
@@ -110,10 +117,12 @@ TEST(CpuJit, WeightGradientIsOneGemm) {
         int x = b.input(ragged(t, "3, ~N, 6"), "x");
         int g = b.input(ragged(t, "3, ~N, 5"), "g");
         f.outputs = {b.op("matmul_weight_grad", {x, g})};
-        EXPECT_EQ(jit::print(jit::compile_cpu(f)->plan(), f), "gemm      %2 = matmul_weight_grad\n");
+        EXPECT_EQ(jit::print(jit::compile_cpu(f)->plan(), f),
+                  "gemm      %2 = matmul_weight_grad\n");
         auto lengths = std::vector<Shape_>{{3, 0, 6}, {3, 4, 6}, {3, 1, 6}};
         auto glengths = std::vector<Shape_>{{3, 0, 5}, {3, 4, 5}, {3, 1, 5}};
-        expect_tiers_agree(f, {random_batch(t, "3, ~N, 6", lengths), random_batch(t, "3, ~N, 5", glengths)});
+        expect_tiers_agree(
+            f, {random_batch(t, "3, ~N, 6", lengths), random_batch(t, "3, ~N, 5", glengths)});
     }
 }
 
@@ -140,7 +149,8 @@ TEST(CpuJit, ExamplesAgreeWithTheInterpreter) {
             std::vector<RaggedTensor> in;
             for (int v : lowered->fn.inputs) {
                 const Schema& s = lowered->fn.type(v);
-                in.push_back(random_for(s, {3, 0, 5, 1}, s.shape.batched ? -1.0 : -0.2, s.shape.batched ? 1.0 : 0.2));
+                in.push_back(random_for(s, {3, 0, 5, 1}, s.shape.batched ? -1.0 : -0.2,
+                                        s.shape.batched ? 1.0 : 0.2));
             }
             SCOPED_TRACE(std::string(file) + " " + fn);
             expect_tiers_agree(lowered->fn, in);

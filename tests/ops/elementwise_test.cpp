@@ -9,8 +9,8 @@ namespace {
 
 using namespace rag::testing;
 
-const char* unary_names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh",
-                             "sigmoid", "relu", "gelu", "silu"};
+const char* unary_names[] = {"neg",  "exp",     "log",  "sqrt", "rsqrt", "abs",
+                             "tanh", "sigmoid", "relu", "gelu", "silu"};
 
 double unary_ref(std::string_view op, double x) {
     if (op == "neg") return -x;
@@ -27,7 +27,9 @@ double unary_ref(std::string_view op, double x) {
     return NAN;
 }
 
-bool positive_domain(std::string_view op) { return op == "log" || op == "sqrt" || op == "rsqrt"; }
+bool positive_domain(std::string_view op) {
+    return op == "log" || op == "sqrt" || op == "rsqrt";
+}
 
 TEST(Unary, MatchesPerSampleReferenceAndKeepsStructure) {
     for (const char* op : unary_names) {
@@ -48,7 +50,8 @@ TEST(Unary, MatchesPerSampleReferenceAndKeepsStructure) {
 TEST(Unary, Gradients) {
     for (const char* op : unary_names) {
         double lo = positive_domain(op) ? 0.3 : -2, hi = 2;
-        auto x = random_batch(DType::f64, "~N, ~N, 2", shapes_for("~N, ~N, 2", {{0}, {1}, {3}}), lo, hi);
+        auto x =
+            random_batch(DType::f64, "~N, ~N, 2", shapes_for("~N, ~N, 2", {{0}, {1}, {3}}), lo, hi);
         check_vjp(op, {x});
     }
 }
@@ -165,9 +168,15 @@ TEST(Binary, DifferentRaggedNamesAreATypeError) {
     auto c = random_batch(DType::f32, "~N, 5", {{2, 5}});
     EXPECT_NE(error_of([&] { evaluate("add", {a, c}); }).find("4 against 5"), std::string::npos);
     auto d = random_batch(DType::f64, "~N, 4", {{2, 4}});
-    EXPECT_NE(error_of([&] { evaluate("add", {a, d}); }).find("different dtypes"), std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  evaluate("add", {a, d});
+              }).find("different dtypes"),
+              std::string::npos);
     auto e = random_batch(DType::f32, "~N, 4", {{2, 4}, {1, 4}});
-    EXPECT_NE(error_of([&] { evaluate("add", {a, e}); }).find("batch sizes differ"), std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  evaluate("add", {a, e});
+              }).find("batch sizes differ"),
+              std::string::npos);
 }
 
 TEST(Binary, EqualNamesUnequalLengthsNameTheSample) {
@@ -188,7 +197,8 @@ TEST(Compare, ComparisonsAndWhere) {
     for (std::size_t i = 0; i < as.size(); ++i)
         for (std::size_t k = 0; k < as[i].v.size(); ++k)
             EXPECT_EQ(cs[i].v[k], as[i].v[k] < bs[i].v[k] ? 1.0 : 0.0);
-    for (const char* op : {"le", "gt", "ge", "eq", "ne"}) EXPECT_EQ(evaluate(op, {a, a}).dtype(), DType::boolean);
+    for (const char* op : {"le", "gt", "ge", "eq", "ne"})
+        EXPECT_EQ(evaluate(op, {a, a}).dtype(), DType::boolean);
     EXPECT_EQ(samples(evaluate("eq", {a, a}))[0].v[0], 1.0);
     auto w = evaluate("where", {c, a, b});
     auto ws = samples(w);

@@ -33,7 +33,8 @@ TEST(OpTable, EveryEntryIsComplete) {
         EXPECT_TRUE(bool(op->reference)) << op->name;
         EXPECT_GE(op->min_args, 0) << op->name;
         EXPECT_TRUE(op->max_args < 0 || op->max_args >= op->min_args) << op->name;
-        for (int k : op->no_grad_args) EXPECT_TRUE(k >= 0 && (op->max_args < 0 || k < op->max_args)) << op->name;
+        for (int k : op->no_grad_args)
+            EXPECT_TRUE(k >= 0 && (op->max_args < 0 || k < op->max_args)) << op->name;
     }
 }
 
@@ -52,13 +53,17 @@ TEST(OpTable, UnknownOpsAndWrongArity) {
     EXPECT_NE(error_of([] { OpTable::builtin().at("frobnicate"); }).find("unknown op 'frobnicate'"),
               std::string::npos);
     auto x = random_batch(DType::f32, "~N", {{2}});
-    EXPECT_NE(error_of([&] { evaluate("exp", {x, x}); }).find("exp takes 1 argument, got 2"),
+    EXPECT_NE(error_of([&] {
+                  evaluate("exp", {x, x});
+              }).find("exp takes 1 argument, got 2"),
               std::string::npos);
     EXPECT_NE(error_of([&] { evaluate("where", {x}); }).find("where takes 3 arguments, got 1"),
               std::string::npos);
     OpTable t;
     t.add({"twice", 1, 1, "doc", {}, {}, {}});
-    EXPECT_NE(error_of([&] { t.add({"twice", 1, 1, "doc", {}, {}, {}}); }).find("registered twice"),
+    EXPECT_NE(error_of([&] {
+                  t.add({"twice", 1, 1, "doc", {}, {}, {}});
+              }).find("registered twice"),
               std::string::npos);
 }
 

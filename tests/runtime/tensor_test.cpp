@@ -65,16 +65,17 @@ TEST(Tensor, SquareRectangularAndNonLeadingLayouts) {
 }
 
 TEST(Tensor, PaddedAndMask) {
-    auto x = RaggedTensor::from_list({iota(DType::f32, {2, 2}), iota(DType::f32, {0, 2}),
-                                      iota(DType::f32, {3, 2}, 100)},
-                                     "~N, 2");
+    auto x = RaggedTensor::from_list(
+        {iota(DType::f32, {2, 2}), iota(DType::f32, {0, 2}), iota(DType::f32, {3, 2}, 100)},
+        "~N, 2");
     DenseArray p = x.to_padded(-1);
     EXPECT_EQ(p.shape, (std::vector<std::int64_t>{3, 3, 2}));
-    EXPECT_EQ(p.to_f64(), (std::vector<double>{0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1, -1, 100,
-                                               101, 102, 103, 104, 105}));
+    EXPECT_EQ(p.to_f64(), (std::vector<double>{0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1, -1, 100, 101,
+                                               102, 103, 104, 105}));
     DenseArray m = x.mask();
     EXPECT_EQ(m.dtype, DType::boolean);
-    EXPECT_EQ(m.to_f64(), (std::vector<double>{1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1}));
+    EXPECT_EQ(m.to_f64(),
+              (std::vector<double>{1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1}));
     auto back = RaggedTensor::from_padded(p, parse_axes("~N, 2"), {{2, 0, 3}});
     EXPECT_EQ(back.to_f64(), x.to_f64());
     EXPECT_TRUE(back.structure().same_as(x.structure()));
@@ -104,7 +105,9 @@ TEST(Tensor, BadInputNamesTheSample) {
     });
     EXPECT_NE(msg.find("sample 1"), std::string::npos) << msg;
     EXPECT_NE(msg.find("(2, 4)"), std::string::npos) << msg;
-    msg = error_of([] { RaggedTensor::from_list({iota(DType::f32, {2, 3}), iota(DType::f64, {2, 3})}, "~N, 3"); });
+    msg = error_of([] {
+        RaggedTensor::from_list({iota(DType::f32, {2, 3}), iota(DType::f64, {2, 3})}, "~N, 3");
+    });
     EXPECT_NE(msg.find("sample 1 has dtype f64"), std::string::npos) << msg;
     msg = error_of([] { RaggedTensor::from_list({iota(DType::f32, {2})}, "~N, 3"); });
     EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;

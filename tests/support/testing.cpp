@@ -27,7 +27,9 @@ std::mt19937& rng() {
     return g;
 }
 
-double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng()); }
+double uniform(double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng());
+}
 
 std::int64_t randint(std::int64_t lo, std::int64_t hi) {
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng());
@@ -93,7 +95,8 @@ RaggedTensor random_dense(DType t, const Shape_& shape, double lo, double hi) {
     return RaggedTensor::dense(DenseArray::from_f64(t, shape, v));
 }
 
-RaggedTensor random_for(const Schema& s, const std::vector<std::int64_t>& lengths, double lo, double hi) {
+RaggedTensor random_for(const Schema& s, const std::vector<std::int64_t>& lengths, double lo,
+                        double hi) {
     const bool labels = s.dtype == DType::i32 || s.dtype == DType::i64;
     auto fill = [&](const Shape_& shape) {
         std::int64_t n = 1;

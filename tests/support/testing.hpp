@@ -26,11 +26,15 @@ struct Nd {
     Nd(Shape_ s, std::vector<double> values) : shape(std::move(s)), v(std::move(values)) {}
     std::int64_t numel() const { return std::int64_t(v.size()); }
     std::int64_t flat(std::initializer_list<std::int64_t> idx) const;
-    double& operator()(std::initializer_list<std::int64_t> idx) { return v[std::size_t(flat(idx))]; }
-    double operator()(std::initializer_list<std::int64_t> idx) const { return v[std::size_t(flat(idx))]; }
+    double& operator()(std::initializer_list<std::int64_t> idx) {
+        return v[std::size_t(flat(idx))];
+    }
+    double operator()(std::initializer_list<std::int64_t> idx) const {
+        return v[std::size_t(flat(idx))];
+    }
 };
 
-std::mt19937& rng();                        // one seeded generator per test binary
+std::mt19937& rng(); // one seeded generator per test binary
 double uniform(double lo = -1.0, double hi = 1.0);
 std::int64_t randint(std::int64_t lo, std::int64_t hi); // inclusive
 
