@@ -1,0 +1,532 @@
+#include "bindings/convert.hpp"
+
+#include "runtime/error.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+namespace rag::bind {
+
+using namespace pybind11::literals;
+
+namespace {
+
+py::module_ numpy() {
+    return py::module_::import("numpy");
+}
+
+bool aligned64(const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % 64 == 0;
+}
+
+// Drops a Python reference from any thread: deleters of shared buffers may run where the GIL
+// is not held (inside Module::call), or after the interpreter has gone (then it leaks).
+void release_object(py::object* o) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    delete o;
+}
+
+std::vector<py::ssize_t> c_strides(const std::vector<py::ssize_t>& shape, std::size_t itemsize) {
+    std::vector<py::ssize_t> s(shape.size());
+    py::ssize_t stride = py::ssize_t(itemsize);
+    for (std::size_t a = shape.size(); a-- > 0;) {
+        s[a] = stride;
+        stride *= std::max<py::ssize_t>(shape[a], 1);
+    }
+    return s;
+}
+
+std::vector<py::ssize_t> shape_of(const py::array& a) {
+    return {a.shape(), a.shape() + a.ndim()};
+}
+
+// Sample i of the storage in logical axis order, as raw storage (bf16 stays uint16).
+py::array sample_view(const RaggedTensor& t, std::int64_t i) {
+    const Structure& st = t.structure();
+    const std::size_t es = dtype_size(t.dtype());
+    auto shape = st.sample_shape(i);
+    auto strides = st.sample_strides(i);
+    std::vector<py::ssize_t> sh(shape.begin(), shape.end()), str;
+    for (auto s : strides) str.push_back(py::ssize_t(s * std::int64_t(es)));
+    return view(t.buffer(), t.dtype(), sh, str, std::size_t(st.sample_begin(i)) * es);
+}
+
+// The order in which logical axes are laid out in storage: ragged first, then the others.
+std::vector<int> storage_order(const std::vector<Axis>& axes) {
+    std::vector<int> order;
+    for (int a = 0; a < int(axes.size()); ++a)
+        if (axes[a].is_ragged()) order.push_back(a);
+    for (int a = 0; a < int(axes.size()); ++a)
+        if (!axes[a].is_ragged()) order.push_back(a);
+    return order;
+}
+
+std::vector<py::ssize_t> padded_shape(const RaggedTensor& t) {
+    auto env = t.structure().envelope();
+    std::vector<py::ssize_t> shape(env.begin(), env.end());
+    if (t.shape().batched) shape.insert(shape.begin(), py::ssize_t(t.batch()));
+    return shape;
+}
+
+// out[i, :n_1, :n_2, ...] for sample i of t.
+py::tuple sample_slot(const RaggedTensor& t, std::int64_t i) {
+    auto shape = t.structure().sample_shape(i);
+    py::tuple idx(shape.size() + 1);
+    idx[0] = py::int_(i);
+    for (std::size_t a = 0; a < shape.size(); ++a)
+        idx[a + 1] = py::slice(0, py::ssize_t(shape[a]), 1);
+    return idx;
+}
+
+void copy_strided(const std::byte* src, const std::int64_t* strides,
+                  const std::vector<std::int64_t>& shape, std::size_t es, std::byte* dst) {
+    const std::size_t d = shape.size();
+    std::int64_t n = 1;
+    for (auto e : shape) n *= e;
+    std::vector<std::int64_t> idx(d, 0);
+    for (std::int64_t k = 0; k < n; ++k) {
+        std::int64_t off = 0;
+        for (std::size_t a = 0; a < d; ++a) off += idx[a] * strides[a];
+        std::memcpy(dst + std::size_t(k) * es, src + off * std::int64_t(es), es);
+        for (std::size_t a = d; a-- > 0;) {
+            if (++idx[a] < shape[a]) break;
+            idx[a] = 0;
+        }
+    }
+}
+
+} // namespace
+
+// ---- dtypes ---------------------------------------------------------------------------------
+
+py::dtype storage_dtype(DType t) {
+    switch (t) {
+    case DType::f16:
+        return py::dtype("float16");
+    case DType::bf16:
+        return py::dtype("uint16");
+    case DType::f32:
+        return py::dtype("float32");
+    case DType::f64:
+        return py::dtype("float64");
+    case DType::i32:
+        return py::dtype("int32");
+    case DType::i64:
+        return py::dtype("int64");
+    case DType::boolean:
+        return py::dtype("bool");
+    }
+    fail("unknown dtype");
+}
+
+py::dtype value_dtype(DType t) {
+    return t == DType::bf16 ? py::dtype("float32") : storage_dtype(t);
+}
+
+std::optional<DType> dtype_of(const py::dtype& d) {
+    const char k = d.kind();
+    const auto n = d.itemsize();
+    if (k == 'f' && n == 2) return DType::f16;
+    if (k == 'f' && n == 4) return DType::f32;
+    if (k == 'f' && n == 8) return DType::f64;
+    if (k == 'i' && n == 4) return DType::i32;
+    if (k == 'i' && n == 8) return DType::i64;
+    if (k == 'b') return DType::boolean;
+    if (k == 'u' && n == 2) return DType::bf16;
+    if (n == 2 && py::str(d.attr("name")).cast<std::string>() == "bfloat16") return DType::bf16;
+    return std::nullopt;
+}
+
+DType dtype_arg(py::handle h) {
+    if (py::isinstance<py::str>(h)) {
+        std::string s = h.cast<std::string>();
+        if (auto t = parse_dtype(s)) return *t;
+        if (s == "bfloat16") return DType::bf16;
+    }
+    py::dtype d;
+    try {
+        d = py::dtype::from_args(py::reinterpret_borrow<py::object>(h));
+    } catch (py::error_already_set&) {
+        fail("unknown dtype ", py::str(h).cast<std::string>(),
+             "; use f16, bf16, f32, f64, i32, i64 or bool");
+    }
+    if (auto t = dtype_of(d)) return *t;
+    fail("NumPy dtype ", py::str(d).cast<std::string>(),
+         " has no rag dtype; use f16, bf16, f32, f64, i32, i64 or bool");
+}
+
+DType infer_dtype(const py::array& a) {
+    if (auto t = dtype_of(a.dtype())) return *t;
+    fail("NumPy dtype ", py::str(a.dtype()).cast<std::string>(),
+         " has no rag dtype (f16 bf16 f32 f64 i32 i64 bool); convert it or pass dtype=");
+}
+
+py::array as_storage(py::handle obj, DType t, const char* casting) {
+    py::module_ np = numpy();
+    py::array a = np.attr("asarray")(obj);
+    const auto src = dtype_of(a.dtype());
+    // uint16 and ml_dtypes.bfloat16 hold bf16 bits: widen them before any numeric cast.
+    if (src == DType::bf16) {
+        a = a.attr("view")("uint16");
+        if (t == DType::bf16) return a;
+        a = widen(a, DType::bf16);
+    }
+    if (t != DType::bf16) {
+        if (a.dtype().equal(storage_dtype(t))) return a;
+        return a.attr("astype")(storage_dtype(t), "casting"_a = casting);
+    }
+    py::array_t<float, py::array::c_style> f = a.attr("astype")("float32", "casting"_a = casting);
+    py::array_t<std::uint16_t> out(shape_of(f));
+    const float* in = f.data();
+    std::uint16_t* o = out.mutable_data();
+    for (py::ssize_t k = 0; k < f.size(); ++k) o[k] = float_to_bf16(in[k]);
+    return out;
+}
+
+// ---- buffers and views ----------------------------------------------------------------------
+
+py::object keep_alive(const Buffer& b) {
+    auto* keep = new std::shared_ptr<std::byte>(b.data);
+    return py::capsule(keep, [](void* p) { delete static_cast<std::shared_ptr<std::byte>*>(p); });
+}
+
+py::array view(const Buffer& b, DType t, std::vector<py::ssize_t> shape,
+               std::vector<py::ssize_t> strides, std::size_t byte_offset) {
+    return py::array(storage_dtype(t), std::move(shape), std::move(strides),
+                     b.data.get() + byte_offset, keep_alive(b));
+}
+
+py::array widen(const py::array& a, DType t) {
+    if (t != DType::bf16) return a;
+    py::array_t<std::uint16_t, py::array::c_style | py::array::forcecast> bits(a);
+    py::array_t<float> out(shape_of(bits));
+    const std::uint16_t* in = bits.data();
+    float* o = out.mutable_data();
+    for (py::ssize_t k = 0; k < bits.size(); ++k) o[k] = bf16_to_float(in[k]);
+    return out;
+}
+
+Buffer buffer_of(const py::array& a, DType t) {
+    const std::size_t nbytes = std::size_t(a.size()) * dtype_size(t);
+    const bool adoptable = (a.flags() & py::array::c_style) && a.writeable() && a.size() > 0 &&
+                           aligned64(a.data()) && a.dtype().equal(storage_dtype(t));
+    if (adoptable) {
+        auto* keep = new py::object(a);
+        py::array owned = a;
+        auto* p = static_cast<std::byte*>(owned.mutable_data());
+        return {std::shared_ptr<std::byte>(p, [keep](std::byte*) { release_object(keep); }),
+                nbytes};
+    }
+    Buffer b = Buffer::allocate(nbytes);
+    if (nbytes) {
+        py::array c = numpy().attr("asarray")(a, storage_dtype(t), "order"_a = "C");
+        std::memcpy(b.data.get(), c.data(), nbytes);
+    }
+    return b;
+}
+
+// ---- tensors --------------------------------------------------------------------------------
+
+py::array values_view(const RaggedTensor& t) {
+    const Structure& st = t.structure();
+    std::vector<py::ssize_t> shape;
+    if (!t.shape().batched) {
+        auto s = st.sample_shape(0);
+        shape.assign(s.begin(), s.end());
+    } else {
+        shape.push_back(py::ssize_t(st.rows()));
+        for (int a = 0; a < st.rank(); ++a) {
+            const Axis& ax = t.shape().axes[std::size_t(a)];
+            if (ax.is_ragged()) continue;
+            shape.push_back(
+                py::ssize_t(st.batch() > 0 ? st.size(0, a) : std::max<std::int64_t>(ax.extent, 0)));
+        }
+    }
+    auto strides = c_strides(shape, dtype_size(t.dtype()));
+    return view(t.buffer(), t.dtype(), shape, strides, 0);
+}
+
+py::array sample_array(const RaggedTensor& t, std::int64_t i) {
+    if (i < 0 || i >= t.batch())
+        throw py::index_error("sample " + std::to_string(i) + " out of range for a batch of " +
+                              std::to_string(t.batch()));
+    return widen(sample_view(t, i), t.dtype());
+}
+
+py::array dense_array(const RaggedTensor& t) {
+    if (t.shape().batched)
+        fail("tensor ", t.schema().str(), " is batched; use to_list() or to_padded()");
+    return sample_array(t, 0);
+}
+
+py::array to_padded(const RaggedTensor& t, py::handle value) {
+    py::array out = numpy().attr("full")(padded_shape(t), value, value_dtype(t.dtype()));
+    if (!t.shape().batched) {
+        out.attr("__setitem__")(py::ellipsis(), dense_array(t));
+        return out;
+    }
+    for (std::int64_t i = 0; i < t.batch(); ++i)
+        out.attr("__setitem__")(sample_slot(t, i), sample_array(t, i));
+    return out;
+}
+
+py::array mask(const RaggedTensor& t) {
+    py::array out = numpy().attr("zeros")(padded_shape(t), "bool");
+    if (!t.shape().batched) {
+        out.attr("fill")(true);
+        return out;
+    }
+    for (std::int64_t i = 0; i < t.batch(); ++i) out.attr("__setitem__")(sample_slot(t, i), true);
+    return out;
+}
+
+RaggedTensor tensor_from_array(py::handle obj, DType t, bool batched, const char* casting) {
+    // asarray(order="C"), not ascontiguousarray: that one turns a scalar into shape (1,).
+    py::array a = numpy().attr("asarray")(as_storage(obj, t, casting), "order"_a = "C");
+    std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
+    if (!batched) {
+        std::vector<Axis> axes;
+        for (auto e : shape) axes.push_back(Axis::fixed_of(e));
+        return RaggedTensor(t, Structure::make(Shape{false, std::move(axes)}, 1, shape),
+                            buffer_of(a, t));
+    }
+    if (shape.empty()) fail("a batched value needs a batch axis; got a scalar");
+    const std::int64_t B = shape[0];
+    std::vector<Axis> axes;
+    std::vector<std::int64_t> sample(shape.begin() + 1, shape.end()), sizes;
+    for (auto e : sample) axes.push_back(Axis::fixed_of(e));
+    for (std::int64_t i = 0; i < B; ++i) sizes.insert(sizes.end(), sample.begin(), sample.end());
+    return RaggedTensor(t, Structure::make(Shape{true, std::move(axes)}, B, std::move(sizes)),
+                        buffer_of(a, t));
+}
+
+RaggedTensor pack(const std::vector<py::array>& samples, DType t, std::vector<Axis> axes) {
+    const std::size_t d = axes.size();
+    std::vector<std::int64_t> sizes;
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+        const py::array& s = samples[i];
+        if (std::size_t(s.ndim()) != d)
+            fail("sample ", i, " has rank ", s.ndim(), " but ", d,
+                 " per-sample axes were declared");
+        sizes.insert(sizes.end(), s.shape(), s.shape() + s.ndim());
+    }
+    auto st = Structure::make(Shape{true, std::move(axes)}, std::int64_t(samples.size()),
+                              std::move(sizes));
+    RaggedTensor out = RaggedTensor::zeros(t, st);
+    py::object copyto = numpy().attr("copyto");
+    for (std::size_t i = 0; i < samples.size(); ++i)
+        if (samples[i].size() > 0) copyto(sample_view(out, std::int64_t(i)), samples[i]);
+    return out;
+}
+
+RaggedTensor with_axes(const RaggedTensor& t, std::vector<Axis> axes) {
+    if (axes == t.shape().axes) return t;
+    if (axes.size() != t.shape().axes.size()) fail("with_axes: rank mismatch");
+    const bool same_layout = storage_order(axes) == storage_order(t.shape().axes);
+    Shape shape{t.shape().batched, std::move(axes)};
+    auto st = Structure::make(shape, t.batch(), t.structure().sizes());
+    if (same_layout) return RaggedTensor(t.dtype(), st, t.buffer());
+    RaggedTensor out = RaggedTensor::zeros(t.dtype(), st);
+    py::object copyto = numpy().attr("copyto");
+    for (std::int64_t i = 0; i < t.batch(); ++i)
+        if (t.structure().sample_numel(i) > 0) copyto(sample_view(out, i), sample_view(t, i));
+    return out;
+}
+
+std::string ragged_name(int k) {
+    static const char* names[] = {"N", "M", "L", "K", "J", "I", "H", "G"};
+    std::string n = names[k % 8];
+    if (k >= 8) n += std::to_string(k / 8);
+    return n;
+}
+
+std::vector<Axis> axes_from_spec(std::string spec, int rank, std::optional<DType>* dtype) {
+    const auto open = spec.find('[');
+    bool bracketed = open != std::string::npos;
+    if (bracketed) {
+        const auto close = spec.rfind(']');
+        if (close == std::string::npos || close < open) fail("axis spec '", spec, "': missing ']'");
+        std::string head = spec.substr(0, open);
+        head.erase(std::remove_if(head.begin(), head.end(),
+                                  [](unsigned char c) { return std::isspace(c); }),
+                   head.end());
+        if (!head.empty()) {
+            auto t = parse_dtype(head);
+            if (!t) fail("axis spec '", spec, "': unknown dtype '", head, "'");
+            if (dtype) *dtype = *t;
+        }
+        spec = spec.substr(open + 1, close - open - 1);
+    }
+    auto axes = parse_axes(spec);
+    const bool leading_name = !axes.empty() && axes[0].kind == AxisKind::symbolic;
+    if (leading_name && (bracketed || (rank >= 0 && int(axes.size()) == rank + 1)))
+        axes.erase(axes.begin());
+    return axes;
+}
+
+// ---- DLPack ---------------------------------------------------------------------------------
+
+namespace {
+
+struct ExportCtx {
+    std::shared_ptr<std::byte> keep;
+    std::vector<std::int64_t> shape, strides;
+    DLManagedTensor managed{};
+};
+
+DLDataType dl_dtype(DType t) {
+    switch (t) {
+    case DType::f16:
+        return {kDLFloat, 16, 1};
+    case DType::bf16:
+        return {kDLBfloat, 16, 1};
+    case DType::f32:
+        return {kDLFloat, 32, 1};
+    case DType::f64:
+        return {kDLFloat, 64, 1};
+    case DType::i32:
+        return {kDLInt, 32, 1};
+    case DType::i64:
+        return {kDLInt, 64, 1};
+    case DType::boolean:
+        return {kDLBool, 8, 1};
+    }
+    fail("unknown dtype");
+}
+
+std::optional<DType> from_dl_dtype(DLDataType d) {
+    if (d.lanes != 1) return std::nullopt;
+    if (d.code == kDLFloat && d.bits == 16) return DType::f16;
+    if (d.code == kDLFloat && d.bits == 32) return DType::f32;
+    if (d.code == kDLFloat && d.bits == 64) return DType::f64;
+    if (d.code == kDLBfloat && d.bits == 16) return DType::bf16;
+    if (d.code == kDLUInt && d.bits == 16) return DType::bf16; // bf16 bits, as rag exports to NumPy
+    if (d.code == kDLInt && d.bits == 32) return DType::i32;
+    if (d.code == kDLInt && d.bits == 64) return DType::i64;
+    if (d.code == kDLBool && d.bits == 8) return DType::boolean;
+    return std::nullopt;
+}
+
+void capsule_destructor(PyObject* cap) {
+    // Only a capsule nobody consumed still owns its tensor.
+    if (!PyCapsule_IsValid(cap, dlpack_capsule)) return;
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, dlpack_capsule));
+    if (m && m->deleter) m->deleter(m);
+}
+
+void call_deleter(DLManagedTensor* m) {
+    if (!m || !m->deleter || !Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    m->deleter(m);
+}
+
+} // namespace
+
+py::capsule to_dlpack(const RaggedTensor& t, bool copy) {
+    py::array v = values_view(t);
+    auto* ctx = new ExportCtx();
+    ctx->keep = t.buffer().data;
+    std::byte* data = t.buffer().data.get();
+    if (copy) {
+        Buffer b = Buffer::allocate(t.buffer().nbytes);
+        std::memcpy(b.data.get(), data, t.buffer().nbytes);
+        ctx->keep = b.data;
+        data = b.data.get();
+    }
+    const std::size_t es = dtype_size(t.dtype());
+    for (py::ssize_t a = 0; a < v.ndim(); ++a) {
+        ctx->shape.push_back(v.shape(a));
+        ctx->strides.push_back(v.strides(a) / py::ssize_t(es));
+    }
+    DLTensor& dl = ctx->managed.dl_tensor;
+    dl.data = data;
+    dl.device = {kDLCPU, 0};
+    dl.ndim = std::int32_t(v.ndim());
+    dl.dtype = dl_dtype(t.dtype());
+    dl.shape = ctx->shape.data();
+    dl.strides = ctx->strides.data();
+    dl.byte_offset = 0;
+    ctx->managed.manager_ctx = ctx;
+    ctx->managed.deleter = [](DLManagedTensor* self) {
+        delete static_cast<ExportCtx*>(self->manager_ctx);
+    };
+    PyObject* cap = PyCapsule_New(&ctx->managed, dlpack_capsule, capsule_destructor);
+    if (!cap) {
+        delete ctx;
+        throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::capsule>(cap);
+}
+
+RaggedTensor from_dlpack(py::handle obj, bool batched) {
+    py::object cap;
+    if (PyCapsule_CheckExact(obj.ptr())) {
+        cap = py::reinterpret_borrow<py::object>(obj);
+    } else if (py::hasattr(obj, "__dlpack__")) {
+        if (py::hasattr(obj, "__dlpack_device__")) {
+            py::tuple dev = obj.attr("__dlpack_device__")();
+            int type = dev[0].cast<int>();
+            if (type != kDLCPU && type != kDLCUDAHost)
+                fail("from_dlpack: the tensor lives on DLPack device type ", type,
+                     "; rag takes CPU memory only (copy it to the host first)");
+        }
+        cap = obj.attr("__dlpack__")();
+    } else {
+        fail("from_dlpack: expected an object with __dlpack__ or a DLPack capsule, got ",
+             py::str(py::type::of(obj)).cast<std::string>());
+    }
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), dlpack_capsule));
+    if (!m) {
+        PyErr_Clear();
+        fail("from_dlpack: not a \"dltensor\" capsule (already consumed?)");
+    }
+    if (PyCapsule_SetName(cap.ptr(), dlpack_used_capsule) != 0) throw py::error_already_set();
+    // From here on the tensor is ours: the owner calls its deleter once nothing uses it.
+    std::shared_ptr<DLManagedTensor> owner(m, call_deleter);
+    const DLTensor& dl = m->dl_tensor;
+    if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost)
+        fail("from_dlpack: device type ", int(dl.device.device_type), " is not CPU memory");
+    auto t = from_dl_dtype(dl.dtype);
+    if (!t)
+        fail("from_dlpack: DLPack dtype (code ", int(dl.dtype.code), ", bits ", int(dl.dtype.bits),
+             ", lanes ", dl.dtype.lanes, ") has no rag dtype");
+    std::vector<std::int64_t> shape(dl.shape, dl.shape + dl.ndim);
+    std::int64_t numel = 1;
+    for (auto e : shape) numel *= e;
+    std::vector<std::int64_t> strides(std::size_t(dl.ndim));
+    bool contiguous = true;
+    std::int64_t expect = 1;
+    for (int a = dl.ndim - 1; a >= 0; --a) {
+        strides[std::size_t(a)] = dl.strides ? dl.strides[a] : expect;
+        if (shape[std::size_t(a)] != 1 && strides[std::size_t(a)] != expect) contiguous = false;
+        expect *= shape[std::size_t(a)];
+    }
+    const std::size_t es = dtype_size(*t);
+    auto* data = static_cast<std::byte*>(dl.data) + dl.byte_offset;
+    Buffer buf;
+    if (contiguous && numel > 0 && aligned64(data)) {
+        buf = {std::shared_ptr<std::byte>(owner, data), std::size_t(numel) * es};
+    } else {
+        buf = Buffer::allocate(std::size_t(numel) * es);
+        if (numel > 0) copy_strided(data, strides.data(), shape, es, buf.data.get());
+        owner.reset();
+    }
+    std::vector<Axis> axes;
+    if (!batched) {
+        for (auto e : shape) axes.push_back(Axis::fixed_of(e));
+        return RaggedTensor(*t, Structure::make(Shape{false, std::move(axes)}, 1, shape),
+                            std::move(buf));
+    }
+    if (shape.empty()) fail("from_dlpack: a batched value needs a batch axis; got a scalar");
+    std::vector<std::int64_t> sample(shape.begin() + 1, shape.end()), sizes;
+    for (auto e : sample) axes.push_back(Axis::fixed_of(e));
+    for (std::int64_t i = 0; i < shape[0]; ++i)
+        sizes.insert(sizes.end(), sample.begin(), sample.end());
+    return RaggedTensor(*t,
+                        Structure::make(Shape{true, std::move(axes)}, shape[0], std::move(sizes)),
+                        std::move(buf));
+}
+
+} // namespace rag::bind

@@ -1,0 +1,910 @@
+// The Python module `rag` (LANGUAGE.md section 5): load and compile programs, call their
+// functions on ragged batches, initialise params, and move data to and from NumPy and DLPack.
+// See bindings/README.md for the API and the decisions behind it.
+#include "bindings/convert.hpp"
+#include "dsl/module.hpp"
+#include "frontend/lower.hpp"
+#include "runtime/error.hpp"
+
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+
+namespace rag::bind {
+namespace {
+
+using namespace pybind11::literals;
+
+// ---- params ---------------------------------------------------------------------------------
+
+// A params record seen from Python: a mapping from field names to NumPy arrays.
+struct Params {
+    std::string record;
+    std::vector<std::pair<std::string, RaggedTensor>> fields;
+
+    static Params of(const Value& v) { return {v.record, v.fields}; }
+    Value value() const {
+        Value v;
+        v.kind = Value::Kind::record;
+        v.record = record;
+        v.fields = fields;
+        return v;
+    }
+    std::vector<std::string> keys() const {
+        std::vector<std::string> k;
+        for (const auto& f : fields) k.push_back(f.first);
+        return k;
+    }
+    RaggedTensor* find(const std::string& name) {
+        for (auto& [n, t] : fields)
+            if (n == name) return &t;
+        return nullptr;
+    }
+};
+
+// A field value from Python, converted to the field's declared schema.
+RaggedTensor field_value(py::handle obj, const Schema& want, const std::string& what) {
+    RaggedTensor t;
+    if (py::isinstance<RaggedTensor>(obj))
+        t = obj.cast<RaggedTensor>();
+    else
+        t = tensor_from_array(obj, want.dtype, false, "same_kind");
+    if (!(t.schema() == want)) fail(what, ": expected ", want.str(), ", got ", t.schema().str());
+    return t;
+}
+
+// ---- declared types -------------------------------------------------------------------------
+
+bool has_ragged(const ast::TypeExpr& t) {
+    for (const auto& d : t.dims)
+        if (d.kind == ast::DimExpr::Kind::ragged) return true;
+    return false;
+}
+
+std::set<std::string> batch_names(const ast::FnDecl& fn) {
+    std::set<std::string> out;
+    std::function<void(const ast::TypeExpr&)> visit = [&](const ast::TypeExpr& t) {
+        for (const auto& e : t.elems) visit(e);
+        if (t.kind == ast::TypeExpr::Kind::tensor && has_ragged(t) && !t.dims.empty() &&
+            t.dims[0].kind == ast::DimExpr::Kind::symbolic)
+            out.insert(t.dims[0].name);
+    };
+    for (const auto& p : fn.params) visit(p.type);
+    if (fn.result) visit(*fn.result);
+    return out;
+}
+
+bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch) {
+    return has_ragged(t) || (!t.dims.empty() && t.dims[0].kind == ast::DimExpr::Kind::symbolic &&
+                             batch.count(t.dims[0].name));
+}
+
+std::string type_str(const ast::TypeExpr& t) {
+    switch (t.kind) {
+    case ast::TypeExpr::Kind::named:
+        return t.name;
+    case ast::TypeExpr::Kind::tuple: {
+        std::string s = "(";
+        for (std::size_t k = 0; k < t.elems.size(); ++k)
+            s += (k ? ", " : "") + type_str(t.elems[k]);
+        return s + ")";
+    }
+    case ast::TypeExpr::Kind::tensor:
+        break;
+    }
+    std::string s = t.dtype + "[";
+    for (std::size_t k = 0; k < t.dims.size(); ++k) {
+        const auto& d = t.dims[k];
+        s += k ? ", " : "";
+        s += d.kind == ast::DimExpr::Kind::fixed    ? std::to_string(d.extent)
+             : d.kind == ast::DimExpr::Kind::ragged ? "~" + d.name
+                                                    : d.name;
+    }
+    return s + "]";
+}
+
+std::string signature(const ast::FnDecl& fn) {
+    std::string s = fn.name;
+    if (!fn.type_params.empty()) {
+        s += "[";
+        for (std::size_t k = 0; k < fn.type_params.size(); ++k)
+            s += (k ? ", " : "") + fn.type_params[k];
+        s += "]";
+    }
+    s += "(";
+    for (std::size_t k = 0; k < fn.params.size(); ++k)
+        s += (k ? ", " : "") + fn.params[k].name + ": " + type_str(fn.params[k].type);
+    s += ")";
+    if (fn.result) s += " -> " + type_str(*fn.result);
+    return s;
+}
+
+// The per-sample axes a declared tensor type names (the batch axis left out).
+std::vector<Axis> declared_axes(const ast::TypeExpr& t, bool batched) {
+    std::vector<Axis> axes;
+    for (std::size_t k = batched ? 1 : 0; k < t.dims.size(); ++k) {
+        const auto& d = t.dims[k];
+        if (d.kind == ast::DimExpr::Kind::fixed)
+            axes.push_back(Axis::fixed_of(d.extent));
+        else if (d.kind == ast::DimExpr::Kind::symbolic)
+            axes.push_back(Axis::symbolic_of(d.name));
+        else
+            axes.push_back(Axis::ragged_of(d.name));
+    }
+    return axes;
+}
+
+// A tensor argument given the declared type: ragged axes take the declared names, and axes the
+// declaration makes ragged become ragged (a batch whose lengths happen to agree binds to ~N).
+RaggedTensor adapt(const RaggedTensor& t, const ast::TypeExpr& decl, bool batched) {
+    if (t.shape().batched != batched || !batched) return t;
+    const auto want = declared_axes(decl, true);
+    if (want.size() != t.shape().axes.size()) return t;
+    auto axes = t.shape().axes;
+    for (std::size_t a = 0; a < axes.size(); ++a)
+        if (want[a].is_ragged() && axes[a].kind != AxisKind::symbolic) axes[a] = want[a];
+    return with_axes(t, std::move(axes));
+}
+
+std::string type_name(py::handle obj) {
+    return py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
+}
+
+// What one call knows while converting its arguments: the batch names of the signature and the
+// dtypes its type parameters are bound to (by rag.Tensor arguments, then by inference).
+struct Binding {
+    std::set<std::string> batch;
+    std::map<std::string, DType> dtypes;
+};
+
+Value to_value(py::handle obj, const ast::TypeExpr& decl, Binding& bind,
+               const frontend::Program& prog, const std::string& what) {
+    const auto& batch = bind.batch;
+    switch (decl.kind) {
+    case ast::TypeExpr::Kind::named: {
+        if (py::isinstance<Params>(obj)) return obj.cast<const Params&>().value();
+        if (!py::hasattr(obj, "keys"))
+            fail(what, ": expected ", decl.name, " (rag.Params or a dict of arrays), got ",
+                 type_name(obj));
+        const ast::ParamsDecl* pd = prog.find_params(decl.name);
+        if (!pd) fail(what, ": unknown params group '", decl.name, "'");
+        const frontend::VType pt = prog.params_type(*pd);
+        Value v;
+        v.kind = Value::Kind::record;
+        v.record = decl.name;
+        std::set<std::string> names;
+        for (const auto& [n, ft] : pt.fields) {
+            names.insert(n);
+            py::str key(n);
+            if (!obj.attr("__contains__")(key).cast<bool>())
+                fail(what, ": missing field '", n, "' of ", decl.name);
+            v.fields.push_back(
+                {n, field_value(obj.attr("__getitem__")(key), ft.schema, what + "." + n)});
+        }
+        for (py::handle k : obj.attr("keys")()) {
+            std::string key = py::str(k).cast<std::string>();
+            if (!names.count(key)) fail(what, ": ", decl.name, " has no field '", key, "'");
+        }
+        return v;
+    }
+    case ast::TypeExpr::Kind::tuple: {
+        if (!py::isinstance<py::tuple>(obj) && !py::isinstance<py::list>(obj))
+            fail(what, ": expected a tuple ", type_str(decl), ", got ", type_name(obj));
+        py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+        if (seq.size() != decl.elems.size())
+            fail(what, ": expected a tuple of ", decl.elems.size(), " values, got ", seq.size());
+        std::vector<Value> elems;
+        for (std::size_t k = 0; k < decl.elems.size(); ++k)
+            elems.push_back(
+                to_value(seq[k], decl.elems[k], bind, prog, what + "[" + std::to_string(k) + "]"));
+        return Value::tuple(std::move(elems));
+    }
+    case ast::TypeExpr::Kind::tensor:
+        break;
+    }
+    const bool batched = is_batched(decl, batch);
+    if (py::isinstance<RaggedTensor>(obj)) {
+        auto t = obj.cast<RaggedTensor>();
+        if (!parse_dtype(decl.dtype)) bind.dtypes.try_emplace(decl.dtype, t.dtype());
+        return adapt(t, decl, batched);
+    }
+    auto declared = parse_dtype(decl.dtype);
+    if (!declared)
+        if (auto it = bind.dtypes.find(decl.dtype); it != bind.dtypes.end()) declared = it->second;
+    if (batched && has_ragged(decl)) {
+        if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj))
+            fail(what, ": declared ", type_str(decl),
+                 "; pass rag.ragged([...]) or a list of per-sample arrays, got ", type_name(obj));
+        std::vector<py::array> samples;
+        for (py::handle s : obj) samples.push_back(py::module_::import("numpy").attr("asarray")(s));
+        DType t = declared ? *declared : samples.empty() ? DType::f32 : infer_dtype(samples[0]);
+        bind.dtypes.try_emplace(decl.dtype, t);
+        for (auto& s : samples) s = as_storage(s, t, "same_kind");
+        return pack(samples, t, declared_axes(decl, true));
+    }
+    DType t = declared ? *declared : infer_dtype(py::module_::import("numpy").attr("asarray")(obj));
+    bind.dtypes.try_emplace(decl.dtype, t);
+    return tensor_from_array(obj, t, batched, "same_kind");
+}
+
+py::object from_value(const Value& v) {
+    switch (v.kind) {
+    case Value::Kind::tensor:
+        if (v.tensor.shape().batched) return py::cast(v.tensor);
+        return dense_array(v.tensor);
+    case Value::Kind::record:
+        return py::cast(Params::of(v));
+    case Value::Kind::tuple: {
+        py::tuple out(v.elems.size());
+        for (std::size_t k = 0; k < v.elems.size(); ++k) out[k] = from_value(v.elems[k]);
+        return out;
+    }
+    }
+    return py::none();
+}
+
+// ---- modules --------------------------------------------------------------------------------
+
+// Module keeps a specialisation cache and stats that calls update, so calls on one module are
+// serialised by `mu` (taken with the GIL released); different modules run in parallel.
+struct PyModule {
+    std::shared_ptr<Module> mod;
+    std::string path;
+    std::mutex mu;
+};
+using PyModulePtr = std::shared_ptr<PyModule>;
+
+const ast::FnDecl& find_fn(const PyModule& m, const std::string& name) {
+    auto [fn, file] = m.mod->program().find_fn(name);
+    if (!fn) throw py::attribute_error("module " + m.path + " has no function '" + name + "'");
+    return *fn;
+}
+
+std::vector<Value> bind_args(const PyModule& m, const ast::FnDecl& fn, const py::args& args,
+                             const py::kwargs& kwargs) {
+    const std::size_t n = fn.params.size();
+    if (args.size() > n)
+        throw py::type_error(fn.name + "() takes " + std::to_string(n) + " arguments but " +
+                             std::to_string(args.size()) + " were given");
+    std::vector<py::object> slots(n);
+    for (std::size_t k = 0; k < args.size(); ++k) slots[k] = args[k];
+    for (auto [key, value] : kwargs) {
+        const std::string name = py::str(key).cast<std::string>();
+        std::size_t k = 0;
+        while (k < n && fn.params[k].name != name) ++k;
+        if (k == n)
+            throw py::type_error(fn.name + "() got an unexpected keyword argument '" + name + "'");
+        if (slots[k])
+            throw py::type_error(fn.name + "() got multiple values for argument '" + name + "'");
+        slots[k] = py::reinterpret_borrow<py::object>(value);
+    }
+    Binding bind{batch_names(fn), {}};
+    for (std::size_t k = 0; k < n; ++k) {
+        const ast::TypeExpr& t = fn.params[k].type;
+        if (slots[k] && t.kind == ast::TypeExpr::Kind::tensor && !parse_dtype(t.dtype) &&
+            py::isinstance<RaggedTensor>(slots[k]))
+            bind.dtypes.try_emplace(t.dtype, slots[k].cast<const RaggedTensor&>().dtype());
+    }
+    std::vector<Value> vals;
+    for (std::size_t k = 0; k < n; ++k) {
+        const std::string what = fn.name + ": argument " + fn.params[k].name;
+        if (!slots[k])
+            throw py::type_error(fn.name + "() missing argument '" + fn.params[k].name + "'");
+        try {
+            vals.push_back(to_value(slots[k], fn.params[k].type, bind, m.mod->program(), what));
+        } catch (py::error_already_set& e) {
+            fail(what, ": ", e.what());
+        } catch (const CompileError&) {
+            throw;
+        } catch (const Error& e) {
+            // Every conversion failure names the function and the argument, once.
+            if (std::string_view(e.what()).starts_with(what)) throw;
+            fail(what, ": ", e.what());
+        }
+    }
+    return vals;
+}
+
+py::object call(PyModule& m, const std::string& name, const py::args& args,
+                const py::kwargs& kwargs) {
+    const ast::FnDecl& fn = find_fn(m, name);
+    std::vector<Value> vals = bind_args(m, fn, args, kwargs);
+    Value out;
+    {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(m.mu);
+        out = m.mod->call(name, vals);
+    }
+    return from_value(out);
+}
+
+std::string ir_of(PyModule& m, const std::string& name, const py::args& args) {
+    const ast::FnDecl& fn = find_fn(m, name);
+    std::optional<std::vector<Value>> vals;
+    if (!args.empty()) vals = bind_args(m, fn, args, py::kwargs());
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(m.mu);
+    return m.mod->ir(name, vals);
+}
+
+// A function of a module, callable from Python.
+struct PyFunction {
+    PyModulePtr mod;
+    std::string name;
+};
+
+Tier tier_arg(const std::string& name) {
+    if (name == "jit") return Tier::jit;
+    if (name == "interpreter") return Tier::interpreter;
+    fail("unknown tier '", name, "'; use 'jit' or 'interpreter'");
+}
+
+std::string tier_name(Tier t) {
+    return t == Tier::jit ? "jit" : "interpreter";
+}
+
+PyModulePtr wrap(std::shared_ptr<Module> mod, std::string path, const std::string& tier) {
+    mod->set_tier(tier_arg(tier));
+    auto m = std::make_shared<PyModule>();
+    m->mod = std::move(mod);
+    m->path = std::move(path);
+    return m;
+}
+
+// ---- constructors ---------------------------------------------------------------------------
+
+// Per-sample axes from a list of per-sample axis indices (0 = first per-sample axis): those
+// become ragged (N, M, ... in order), the others static with sample 0's extents.
+std::vector<Axis> axes_from_indices(py::handle indices, const std::vector<std::int64_t>& extents) {
+    const int d = int(extents.size());
+    std::set<int> ragged;
+    for (py::handle h : indices) {
+        int a = h.cast<int>();
+        if (a < -d || a >= d)
+            fail("ragged axis ", a, " out of range for samples of rank ", d,
+                 " (per-sample numbering: 0 is the first axis of a sample)");
+        ragged.insert(a < 0 ? a + d : a);
+    }
+    std::vector<Axis> axes;
+    int k = 0;
+    for (int a = 0; a < d; ++a)
+        axes.push_back(ragged.count(a) ? Axis::ragged_of(ragged_name(k++))
+                                       : Axis::fixed_of(extents[std::size_t(a)]));
+    return axes;
+}
+
+RaggedTensor ragged(py::handle samples_obj, py::handle ragged_axes, py::handle dtype) {
+    py::module_ np = py::module_::import("numpy");
+    std::vector<py::array> samples;
+    for (py::handle s : samples_obj) samples.push_back(np.attr("asarray")(s));
+    std::optional<DType> t;
+    if (!dtype.is_none()) t = dtype_arg(dtype);
+    const bool explicit_dtype = t.has_value();
+    std::vector<Axis> axes;
+    const int rank = samples.empty() ? -1 : int(samples[0].ndim());
+    for (std::size_t i = 0; i < samples.size(); ++i)
+        if (int(samples[i].ndim()) != rank)
+            fail("sample ", i, " has rank ", samples[i].ndim(), " but sample 0 has rank ", rank);
+    std::vector<std::int64_t> extents;
+    if (rank >= 0) extents.assign(samples[0].shape(), samples[0].shape() + rank);
+    if (py::isinstance<py::str>(ragged_axes)) {
+        std::optional<DType> spec_dtype;
+        axes = axes_from_spec(ragged_axes.cast<std::string>(), rank, &spec_dtype);
+        if (!t) t = spec_dtype;
+    } else if (!ragged_axes.is_none()) {
+        if (samples.empty())
+            fail("rag.ragged: an empty batch needs its axes as a spec string, e.g. \"~N, 384\"");
+        axes = axes_from_indices(ragged_axes, extents);
+    } else {
+        if (samples.empty())
+            fail("rag.ragged: cannot infer axes from an empty list; pass ragged_axes=\"~N, 384\"");
+        int k = 0;
+        for (int a = 0; a < rank; ++a) {
+            bool varies = false;
+            for (const auto& s : samples) varies |= s.shape(a) != samples[0].shape(a);
+            axes.push_back(varies ? Axis::ragged_of(ragged_name(k++))
+                                  : Axis::fixed_of(extents[std::size_t(a)]));
+        }
+    }
+    if (!t) t = samples.empty() ? DType::f32 : infer_dtype(samples[0]);
+    for (auto& s : samples) s = as_storage(s, *t, explicit_dtype ? "unsafe" : "same_kind");
+    return pack(samples, *t, std::move(axes));
+}
+
+RaggedTensor from_padded(py::handle padded, py::handle lengths, py::handle ragged_axes,
+                         py::handle dtype) {
+    py::module_ np = py::module_::import("numpy");
+    py::array a = np.attr("asarray")(padded);
+    const DType t = dtype.is_none() ? infer_dtype(a) : dtype_arg(dtype);
+    a = np.attr("asarray")(as_storage(a, t, dtype.is_none() ? "same_kind" : "unsafe"),
+                           "order"_a = "C");
+    if (a.ndim() < 1) fail("from_padded: expected a [B, ...] array, got a scalar");
+    const int rank = int(a.ndim()) - 1;
+    std::vector<std::int64_t> extents(a.shape() + 1, a.shape() + a.ndim());
+    std::vector<Axis> axes;
+    if (py::isinstance<py::str>(ragged_axes))
+        axes = axes_from_spec(ragged_axes.cast<std::string>(), rank, nullptr);
+    else if (ragged_axes.is_none())
+        axes = axes_from_indices(py::make_tuple(0), extents);
+    else
+        axes = axes_from_indices(ragged_axes, extents);
+    py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> l(
+        np.attr("asarray")(lengths));
+    std::vector<std::vector<std::int64_t>> lens;
+    if (l.ndim() == 1)
+        lens.emplace_back(l.data(), l.data() + l.size());
+    else if (l.ndim() == 2)
+        for (py::ssize_t r = 0; r < l.shape(0); ++r)
+            lens.emplace_back(l.data(r, 0), l.data(r, 0) + l.shape(1));
+    else
+        fail("from_padded: lengths must be B extents, or one row of B extents per ragged axis");
+    DenseArray d{t, {a.shape(), a.shape() + a.ndim()}, {}};
+    d.bytes.resize(std::size_t(a.nbytes()));
+    if (a.nbytes()) std::memcpy(d.bytes.data(), a.data(), std::size_t(a.nbytes()));
+    return RaggedTensor::from_padded(d, std::move(axes), lens);
+}
+
+py::object item(const RaggedTensor& t) {
+    const double v = t.item();
+    if (t.dtype() == DType::boolean) return py::bool_(v != 0);
+    if (t.dtype() == DType::i32 || t.dtype() == DType::i64) {
+        const std::size_t es = dtype_size(t.dtype());
+        std::int64_t i = 0;
+        if (es == 4)
+            i = *static_cast<const std::int32_t*>(t.data());
+        else
+            i = *static_cast<const std::int64_t*>(t.data());
+        return py::int_(i);
+    }
+    return py::float_(v);
+}
+
+int logical_axis(const RaggedTensor& t, int axis) {
+    const int n = t.shape().logical_rank();
+    if (axis < 0) axis += n;
+    if (axis < 0 || axis >= n)
+        throw py::index_error("axis " + std::to_string(axis) + " out of range for " +
+                              t.schema().str());
+    return axis;
+}
+
+std::string format_of(DType t) {
+    switch (t) {
+    case DType::f16:
+        return "e";
+    case DType::bf16:
+        return "H";
+    case DType::f32:
+        return "f";
+    case DType::f64:
+        return "d";
+    case DType::i32:
+        return "i";
+    case DType::i64:
+        return "q";
+    case DType::boolean:
+        return "?";
+    }
+    return "B";
+}
+
+} // namespace
+} // namespace rag::bind
+
+PYBIND11_MODULE(rag, m) {
+    using namespace rag;
+    using namespace rag::bind;
+    m.doc() = "rag: a tensor language for ragged data (LANGUAGE.md section 5).";
+    m.attr("__version__") = "0.1.0";
+    m.attr("dtypes") = py::make_tuple("f16", "bf16", "f32", "f64", "i32", "i64", "bool");
+
+    // The exception types live as long as the process (no destructor runs after finalisation).
+    static PyObject* error = py::exception<Error>(m, "Error").release().ptr();
+    static PyObject* compile_error =
+        py::exception<CompileError>(m, "CompileError", error).release().ptr();
+    m.attr("Error").attr("__doc__") =
+        "Every rag failure: shapes, dtypes, lengths; the message names the sample.";
+    m.attr("CompileError").attr("__doc__") =
+        "A program that does not parse or type-check: file:line:col, the source line and a caret.";
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const CompileError& e) {
+            PyErr_SetString(compile_error, e.what());
+        } catch (const Error& e) {
+            PyErr_SetString(error, e.what());
+        }
+    });
+
+    // ---- Tensor -----------------------------------------------------------------------------
+    py::class_<RaggedTensor>(m, "Tensor", py::buffer_protocol(),
+                             R"(A batch of samples stored packed (or one dense value).
+
+Built by rag.ragged, rag.tensor, rag.from_padded, rag.from_dlpack, or returned by a function.
+Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
+        .def_buffer([](RaggedTensor& t) {
+            py::array v = values_view(t);
+            std::vector<py::ssize_t> shape(v.shape(), v.shape() + v.ndim()),
+                strides(v.strides(), v.strides() + v.ndim());
+            return py::buffer_info(t.mutable_data(), py::ssize_t(dtype_size(t.dtype())),
+                                   format_of(t.dtype()), v.ndim(), shape, strides);
+        })
+        .def_property_readonly(
+            "schema", [](const RaggedTensor& t) { return t.schema().str(); },
+            "The schema, e.g. 'f32[B, ~N, 384]'.")
+        .def_property_readonly(
+            "dtype", [](const RaggedTensor& t) { return std::string(dtype_name(t.dtype())); })
+        .def_property_readonly("batched", [](const RaggedTensor& t) { return t.shape().batched; })
+        .def_property_readonly("is_ragged",
+                               [](const RaggedTensor& t) { return t.shape().ragged_count() > 0; })
+        .def_property_readonly(
+            "batch", [](const RaggedTensor& t) { return t.batch(); }, "The number of samples B.")
+        .def_property_readonly("ndim",
+                               [](const RaggedTensor& t) { return t.shape().logical_rank(); })
+        .def_property_readonly(
+            "shape",
+            [](const RaggedTensor& t) {
+                py::list out;
+                const Structure& st = t.structure();
+                if (t.shape().batched) out.append(t.batch());
+                for (int a = 0; a < st.rank(); ++a) {
+                    const Axis& ax = t.shape().axes[std::size_t(a)];
+                    if (ax.is_ragged() || (t.batch() == 0 && ax.kind == AxisKind::symbolic))
+                        out.append(py::none());
+                    else if (ax.kind == AxisKind::fixed)
+                        out.append(ax.extent);
+                    else
+                        out.append(st.size(0, a));
+                }
+                return py::tuple(out);
+            },
+            "The logical shape; None for ragged axes.")
+        .def_property_readonly(
+            "ragged_axes",
+            [](const RaggedTensor& t) {
+                std::vector<int> out;
+                for (int a = 0; a < t.structure().rank(); ++a)
+                    if (t.shape().axes[std::size_t(a)].is_ragged()) out.push_back(a + 1);
+                return out;
+            },
+            "The logical indices of the ragged axes (1 = first per-sample axis).")
+        .def(
+            "lengths",
+            [](const RaggedTensor& t, int axis) {
+                if (!t.shape().batched) fail("lengths: ", t.schema().str(), " is not batched");
+                axis = logical_axis(t, axis);
+                if (axis == 0)
+                    fail("lengths: axis 0 is the batch axis; per-sample axes start at 1");
+                return t.structure().lengths(axis - 1);
+            },
+            "axis"_a,
+            "The extent of logical axis `axis` (1 = first per-sample axis) in every sample.")
+        .def_property_readonly(
+            "sizes",
+            [](const RaggedTensor& t) {
+                const auto& s = t.structure().sizes();
+                py::array_t<std::int64_t> out(
+                    {py::ssize_t(t.batch()), py::ssize_t(t.structure().rank())});
+                std::copy(s.begin(), s.end(), out.mutable_data());
+                return out;
+            },
+            "Per-sample extents, [B, per-sample rank].")
+        .def_property_readonly(
+            "offsets",
+            [](const RaggedTensor& t) { return py::array(py::cast(t.structure().offsets())); },
+            "Row offsets of the samples in the packed values, [B + 1].")
+        .def_property_readonly(
+            "values", [](const RaggedTensor& t) { return values_view(t); },
+            "The packed values without a copy: [rows, non-ragged extents...] (unbatched: the "
+            "array).\n"
+            "bf16 shows as uint16 bits. Writes go to the tensor.")
+        .def(
+            "to_list",
+            [](const RaggedTensor& t) {
+                if (!t.shape().batched) fail("to_list: ", t.schema().str(), " is not batched");
+                py::list out;
+                for (std::int64_t i = 0; i < t.batch(); ++i) out.append(sample_array(t, i));
+                return out;
+            },
+            "One NumPy array per sample (views without a copy; bf16 as float32 copies).")
+        .def(
+            "to_padded",
+            [](const RaggedTensor& t, py::object value) { return to_padded(t, value); },
+            "value"_a = 0, "A [B, envelope...] array with `value` outside each sample.")
+        .def(
+            "mask", [](const RaggedTensor& t) { return mask(t); },
+            "bool, the shape of to_padded(), true where valid.")
+        .def(
+            "numpy",
+            [](const RaggedTensor& t) {
+                if (t.shape().ragged_count() > 0)
+                    fail(t.schema().str(), " is ragged: use to_padded(), to_list() or values");
+                return widen(values_view(t), t.dtype());
+            },
+            "The dense array of a value without ragged axes (zero copy unless bf16).")
+        .def(
+            "astype",
+            [](const RaggedTensor& t, py::handle dtype) { return t.astype(dtype_arg(dtype)); },
+            "dtype"_a)
+        .def("item", &item)
+        .def("__len__",
+             [](const RaggedTensor& t) {
+                 if (!t.shape().batched) throw py::type_error("len() of an unbatched rag.Tensor");
+                 return t.batch();
+             })
+        .def(
+            "__getitem__",
+            [](const RaggedTensor& t, std::int64_t i) {
+                if (!t.shape().batched)
+                    fail("indexing selects a sample; ", t.schema().str(), " is not batched");
+                return sample_array(t, i < 0 ? i + t.batch() : i);
+            },
+            "Sample i as a NumPy array (a view).")
+        .def("__iter__",
+             [](const RaggedTensor& t) {
+                 py::list out;
+                 for (std::int64_t i = 0; i < t.batch(); ++i) out.append(sample_array(t, i));
+                 return out.attr("__iter__")();
+             })
+        .def("__repr__", [](const RaggedTensor& t) { return "rag.Tensor(" + describe(t) + ")"; })
+        .def(
+            "__dlpack__",
+            [](const RaggedTensor& t, py::object stream, py::object max_version,
+               py::object dl_device, py::object copy) {
+                (void)stream;
+                (void)max_version;
+                if (!dl_device.is_none()) {
+                    py::tuple dev = dl_device;
+                    if (dev[0].cast<int>() != kDLCPU)
+                        throw py::buffer_error(
+                            "rag tensors live in CPU memory; cannot export to device type " +
+                            std::to_string(dev[0].cast<int>()));
+                }
+                return to_dlpack(t, !copy.is_none() && copy.cast<bool>());
+            },
+            py::kw_only(), "stream"_a = py::none(), "max_version"_a = py::none(),
+            "dl_device"_a = py::none(), "copy"_a = py::none(),
+            "DLPack export of the packed values (see `values`): zero copy, CPU, legacy "
+            "\"dltensor\" capsule.")
+        .def("__dlpack_device__",
+             [](const RaggedTensor&) { return py::make_tuple(int(kDLCPU), 0); });
+
+    // ---- Params -----------------------------------------------------------------------------
+    py::class_<Params>(m, "Params",
+                       "A params record: a mapping from field names to NumPy arrays (views).")
+        .def_readonly("name", &Params::record, "The params group, e.g. 'PairBlock'.")
+        .def("__getitem__",
+             [](Params& p, const std::string& k) {
+                 if (auto* t = p.find(k)) return dense_array(*t);
+                 throw py::key_error(k);
+             })
+        .def("__setitem__",
+             [](Params& p, const std::string& k, py::handle v) {
+                 auto* t = p.find(k);
+                 if (!t) throw py::key_error(p.record + " has no field '" + k + "'");
+                 *t = field_value(v, t->schema(), p.record + "." + k);
+             })
+        .def("__getattr__",
+             [](Params& p, const std::string& k) {
+                 if (auto* t = p.find(k)) return dense_array(*t);
+                 throw py::attribute_error(p.record + " has no field '" + k + "'");
+             })
+        .def("__contains__", [](Params& p, const std::string& k) { return p.find(k) != nullptr; })
+        .def("__len__", [](const Params& p) { return p.fields.size(); })
+        .def("__iter__", [](const Params& p) { return py::iter(py::cast(p.keys())); })
+        .def("keys", &Params::keys)
+        .def("values",
+             [](const Params& p) {
+                 py::list out;
+                 for (const auto& f : p.fields) out.append(dense_array(f.second));
+                 return out;
+             })
+        .def("items",
+             [](const Params& p) {
+                 py::list out;
+                 for (const auto& f : p.fields)
+                     out.append(py::make_tuple(f.first, dense_array(f.second)));
+                 return out;
+             })
+        .def(
+            "get",
+            [](Params& p, const std::string& k, py::object dflt) -> py::object {
+                if (auto* t = p.find(k)) return dense_array(*t);
+                return dflt;
+            },
+            "key"_a, "default"_a = py::none())
+        .def(
+            "to_dict",
+            [](const Params& p) {
+                py::dict out;
+                for (const auto& f : p.fields) out[py::str(f.first)] = dense_array(f.second);
+                return out;
+            },
+            "A dict of the field arrays (views).")
+        .def(
+            "copy",
+            [](const Params& p) {
+                Params q = p;
+                for (auto& f : q.fields) f.second = f.second.astype(f.second.dtype());
+                return q;
+            },
+            "A deep copy (fresh buffers).")
+        .def("__repr__", [](const Params& p) {
+            std::string s = "rag.Params(" + p.record + ": ";
+            for (std::size_t k = 0; k < p.fields.size(); ++k)
+                s += (k ? ", " : "") + p.fields[k].first + " " + p.fields[k].second.schema().str();
+            return s + ")";
+        });
+    py::module_::import("collections.abc").attr("Mapping").attr("register")(m.attr("Params"));
+
+    // ---- Module and Function ----------------------------------------------------------------
+    py::class_<PyFunction>(
+        m, "Function", "A function of a rag module; calling it compiles on first use per schema.")
+        .def("__call__", [](PyFunction& f, py::args args,
+                            py::kwargs kwargs) { return call(*f.mod, f.name, args, kwargs); })
+        .def_readonly("name", &PyFunction::name)
+        .def_property_readonly(
+            "signature", [](const PyFunction& f) { return signature(find_fn(*f.mod, f.name)); })
+        .def(
+            "ir", [](PyFunction& f, py::args args) { return ir_of(*f.mod, f.name, args); },
+            "The SSA IR, specialised on these arguments (none: the declared types).")
+        .def("__repr__", [](const PyFunction& f) {
+            return "<rag.Function " + signature(find_fn(*f.mod, f.name)) + ">";
+        });
+
+    py::class_<PyModule, PyModulePtr>(m, "Module",
+                                      "A loaded .rag program; its functions are attributes.")
+        .def_readonly("path", &PyModule::path)
+        .def_property(
+            "tier",
+            [](PyModule& pm) {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(pm.mu);
+                return tier_name(pm.mod->tier());
+            },
+            [](PyModule& pm, const std::string& name) {
+                const Tier t = tier_arg(name);
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(pm.mu);
+                pm.mod->set_tier(t);
+            },
+            "Where calls run: 'jit' (LLVM-compiled CPU code, the default) or 'interpreter' (the "
+            "reference).")
+        .def(
+            "functions", [](const PyModule& pm) { return pm.mod->functions(); },
+            "Functions of the main file, in order.")
+        .def("__getattr__",
+             [](PyModulePtr pm, const std::string& name) {
+                 if (name.rfind("__", 0) == 0) throw py::attribute_error(name);
+                 find_fn(*pm, name);
+                 return PyFunction{pm, name};
+             })
+        .def("__getitem__",
+             [](PyModulePtr pm, const std::string& name) {
+                 if (!pm->mod->program().find_fn(name).first) throw py::key_error(name);
+                 return PyFunction{pm, name};
+             })
+        .def("__contains__",
+             [](const PyModule& pm, const std::string& name) {
+                 return pm.mod->program().find_fn(name).first != nullptr;
+             })
+        .def("__dir__",
+             [](py::object self) {
+                 py::list out =
+                     py::module_::import("builtins").attr("object").attr("__dir__")(self);
+                 for (const auto& f : self.cast<const PyModule&>().mod->functions()) out.append(f);
+                 return out;
+             })
+        .def(
+            "call",
+            [](PyModule& pm, const std::string& name, py::args args, py::kwargs kwargs) {
+                return call(pm, name, args, kwargs);
+            },
+            "name"_a)
+        .def(
+            "init",
+            [](PyModule& pm, const std::string& name, std::uint64_t seed) {
+                Value v;
+                {
+                    py::gil_scoped_release nogil;
+                    v = pm.mod->init(name, seed);
+                }
+                return Params::of(v);
+            },
+            "name"_a, "seed"_a = 0, "Deterministic initialisation of a params group.")
+        .def(
+            "ir",
+            [](PyModule& pm, const std::string& name, py::args args) {
+                return ir_of(pm, name, args);
+            },
+            "name"_a)
+        .def(
+            "stats",
+            [](PyModule& pm) {
+                std::map<std::string, FnStats> s;
+                {
+                    py::gil_scoped_release nogil;
+                    std::lock_guard<std::mutex> lock(pm.mu);
+                    s = pm.mod->stats();
+                }
+                py::dict out;
+                for (const auto& [fn, st] : s)
+                    out[py::str(fn)] =
+                        py::dict("compilations"_a = st.compilations, "cache_hits"_a = st.cache_hits,
+                                 "compile_seconds"_a = st.compile_seconds);
+                return out;
+            },
+            "{function: {'compilations', 'cache_hits', 'compile_seconds'}}")
+        .def("__repr__", [](const PyModule& pm) {
+            std::string s = "<rag.Module '" + pm.path + "':";
+            for (const auto& f : pm.mod->functions()) s += " " + f;
+            return s + ">";
+        });
+
+    // ---- functions --------------------------------------------------------------------------
+    m.def(
+        "load",
+        [](py::object path, const std::string& tier) {
+            std::string p =
+                py::str(py::module_::import("os").attr("fspath")(path)).cast<std::string>();
+            std::shared_ptr<Module> mod;
+            {
+                py::gil_scoped_release nogil;
+                mod = Module::load(p);
+            }
+            return wrap(std::move(mod), p, tier);
+        },
+        "path"_a, "tier"_a = "jit", "Load and type-check a .rag file.");
+    m.def(
+        "compile",
+        [](const std::string& source, const std::string& path, const std::string& tier) {
+            std::shared_ptr<Module> mod;
+            {
+                py::gil_scoped_release nogil;
+                mod = Module::compile(source, path);
+            }
+            return wrap(std::move(mod), path, tier);
+        },
+        "source"_a, "path"_a = "<input>", "tier"_a = "jit", "Compile a program from source text.");
+    m.def(
+        "ragged",
+        [](py::object samples, py::object ragged_axes, py::object dtype) {
+            return ragged(samples, ragged_axes, dtype);
+        },
+        "samples"_a, "ragged_axes"_a = py::none(), "dtype"_a = py::none(),
+        R"(A batch from per-sample arrays.
+
+ragged_axes: None (axes whose extents vary become ragged), a list of per-sample axis indices
+(0 = the first axis of each sample), or a spec such as "~N, ~N, 128" or "f32[B, ~N, 384]".
+dtype: a rag dtype name or NumPy dtype (default: the samples' own; uint16 means bf16 bits).)");
+    m.def(
+        "tensor",
+        [](py::object a, py::object dtype, bool batched) {
+            if (py::isinstance<RaggedTensor>(a)) {
+                auto t = a.cast<RaggedTensor>();
+                return dtype.is_none() ? t : t.astype(dtype_arg(dtype));
+            }
+            py::array arr = py::module_::import("numpy").attr("asarray")(a);
+            const DType t = dtype.is_none() ? infer_dtype(arr) : dtype_arg(dtype);
+            return tensor_from_array(arr, t, batched, "unsafe");
+        },
+        "array"_a, "dtype"_a = py::none(), "batched"_a = false,
+        "A dense tensor; batched=True makes axis 0 the batch axis (f32[B, ...]).");
+    m.def(
+        "from_padded",
+        [](py::object padded, py::object lengths, py::object ragged_axes, py::object dtype) {
+            return from_padded(padded, lengths, ragged_axes, dtype);
+        },
+        "padded"_a, "lengths"_a, "ragged_axes"_a = py::none(), "dtype"_a = py::none(),
+        R"(Inverse of to_padded: padded is [B, envelope...]; lengths is B extents (one ragged axis)
+or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [0]).)");
+    m.def(
+        "from_dlpack", [](py::object obj, bool batched) { return from_dlpack(obj, batched); },
+        "obj"_a, "batched"_a = false,
+        "A tensor from a DLPack producer (NumPy, PyTorch, ...) in CPU memory; zero copy when the\n"
+        "memory is C-contiguous and 64-byte aligned, one copy otherwise.");
+}
