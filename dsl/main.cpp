@@ -31,7 +31,8 @@ commands:
       --stats                   print compilations and cache hits per function
       --tier jit|interp         the LLVM-compiled CPU tier (default) or the reference
                                 interpreter
-  ir FILE --fn NAME             print the SSA IR of NAME on its declared types
+  ir FILE --fn NAME [--plan]    print the SSA IR of NAME on its declared types (--plan: how
+                                the CPU JIT runs it: fused loops, GEMMs, reference kernels)
   repl                          an interactive session (:help inside)
   --help                        this text
 )";
@@ -42,6 +43,7 @@ struct Options {
     std::uint64_t seed = 0;
     int steps = 0;
     bool stats = false;
+    bool plan = false;
     Tier tier = Tier::jit;
 };
 
@@ -179,7 +181,8 @@ int cmd_run(const std::string& path, const Options& o) {
 
 int cmd_ir(const std::string& path, const Options& o) {
     if (o.fn.empty()) fail("ir needs --fn NAME");
-    std::fputs(Module::load(path)->ir(o.fn).c_str(), stdout);
+    auto m = Module::load(path);
+    std::fputs((o.plan ? m->plan(o.fn) : m->ir(o.fn)).c_str(), stdout);
     return 0;
 }
 
@@ -214,6 +217,8 @@ int main(int argc, char** argv) {
                 o.steps = std::stoi(value());
             else if (a[k] == "--stats")
                 o.stats = true;
+            else if (a[k] == "--plan")
+                o.plan = true;
             else if (a[k] == "--tier") {
                 const std::string& t = value();
                 if (t != "jit" && t != "interp") fail("--tier takes jit or interp, got '", t, "'");

@@ -250,4 +250,11 @@ std::string Module::ir(std::string_view fn, const std::optional<std::vector<Valu
     return ir::print(lowered->fn);
 }
 
+std::string Module::plan(std::string_view fn) {
+    Diagnostics diags(*prog_->units.at(0).src);
+    auto lowered = frontend::lower(*prog_, fn, std::nullopt, diags);
+    if (!lowered) throw CompileError(diags.str());
+    return jit::print(jit::make_plan(lowered->fn), lowered->fn);
+}
+
 } // namespace rag

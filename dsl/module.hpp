@@ -62,6 +62,8 @@ class Module {
     // The IR of fn specialised on these arguments (or on its declared types).
     std::string ir(std::string_view fn,
                    const std::optional<std::vector<Value>>& args = std::nullopt);
+    // How the CPU tier runs fn on its declared types: fused loops, GEMMs, reference kernels.
+    std::string plan(std::string_view fn);
     std::map<std::string, FnStats> stats() const { return stats_; }
     void set_tier(Tier t) { tier_ = t; }
     Tier tier() const { return tier_; }

@@ -702,7 +702,7 @@ std::optional<Lowered> lower(const Program& prog, std::string_view name,
         diags.error(fn->name_span, std::string("internal error: ") + e.what(), file);
         return std::nullopt;
     }
-    out.fn = ir::eliminate_dead_code(f);
+    out.fn = ir::eliminate_common_subexpressions(f);
     return out;
 }
 

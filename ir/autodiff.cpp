@@ -47,7 +47,7 @@ Function differentiate(const Function& f, int of, const std::vector<int>& wrt) {
         const int v = f.inputs[std::size_t(k)];
         g.outputs.push_back(adj[std::size_t(v)] ? *adj[std::size_t(v)] : b.op("zeros_like", {v}));
     }
-    return eliminate_dead_code(g);
+    return eliminate_common_subexpressions(g);
 }
 
 } // namespace rag::ir

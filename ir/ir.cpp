@@ -2,6 +2,7 @@
 
 #include "runtime/error.hpp"
 
+#include <map>
 #include <sstream>
 
 namespace rag::ir {
@@ -104,6 +105,24 @@ std::string print(const Function& f) {
     for (std::size_t k = 0; k < f.outputs.size(); ++k) os << (k ? ", " : "") << "%" << f.outputs[k];
     os << "\n}\n";
     return os.str();
+}
+
+Function eliminate_common_subexpressions(const Function& f) {
+    Function out = f;
+    std::map<std::string, int> seen;
+    std::vector<int> same(f.nodes.size());
+    for (std::size_t i = 0; i < f.nodes.size(); ++i) {
+        Node& n = out.nodes[i];
+        same[i] = int(i);
+        for (int& a : n.args) a = same[std::size_t(a)];
+        if (n.op == "input") continue;
+        std::string key = n.op + "|" + n.attrs.str() + "|" + n.type.str();
+        for (int a : n.args) key += "|" + std::to_string(a);
+        auto [it, fresh] = seen.try_emplace(key, int(i));
+        if (!fresh) same[i] = it->second;
+    }
+    for (int& o : out.outputs) o = same[std::size_t(o)];
+    return eliminate_dead_code(out);
 }
 
 Function eliminate_dead_code(const Function& f) {

@@ -56,6 +56,10 @@ std::string print(const Function& f);
 // Removes nodes no output depends on (inputs stay); renumbers values.
 Function eliminate_dead_code(const Function& f);
 
+// Replaces each node that repeats an earlier one (same op, arguments and attributes) by that
+// one, then removes what became dead. Ops here are pure, so this never changes a result.
+Function eliminate_common_subexpressions(const Function& f);
+
 } // namespace rag::ir
 
 namespace rag::ir {

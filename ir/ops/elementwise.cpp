@@ -116,7 +116,10 @@ const Binary* find_binary(std::string_view name) {
 
 std::vector<std::optional<Val>> binary_vjp(Emitter& e, std::string_view name,
                                            std::span<const Val> in, Val out, Val g) {
-    auto sum_to = [&](Val v, Val like) { return e.emit("sum_to", {v, like}); };
+    // Only an operand that was broadcast needs its cotangent summed back.
+    auto sum_to = [&](Val v, Val like) {
+        return e.schema(v) == e.schema(like) ? v : e.emit("sum_to", {v, like});
+    };
     Val a = in[0], b = in[1];
     if (name == "add") return {sum_to(g, a), sum_to(g, b)};
     if (name == "sub") return {sum_to(g, a), sum_to(e.emit("neg", {g}), b)};
