@@ -167,9 +167,12 @@ int cmd_run(const std::string& path, const Options& o) {
         if (o.steps > 1)
             std::printf("%.3f ms/step after the first step\n", 1e3 * later / (o.steps - 1));
     } else {
-        for (std::size_t k = 0; k < args.size(); ++k)
-            if (args[k].kind == Value::Kind::tensor)
-                summarise(args[k], "arg " + decl->fn.nodes[std::size_t(decl->fn.inputs[k])].label);
+        std::size_t flat = 0; // position among the function's tensor inputs
+        for (const auto& arg : args) {
+            if (arg.kind == Value::Kind::tensor)
+                summarise(arg, "arg " + decl->fn.nodes[std::size_t(decl->fn.inputs[flat])].label);
+            flat += arg.kind == Value::Kind::record ? arg.fields.size() : 1;
+        }
         summarise(m->call(o.fn, args), o.fn);
     }
     if (o.stats)

@@ -99,6 +99,36 @@ RaggedTensor relabel(const RaggedTensor& t, const Schema& want, const std::strin
     }
 }
 
+// A params record as its declaration orders it, every field present with its declared schema;
+// tuples element by element. Records built by hand may list fields in any order.
+Value normalise(const frontend::Program& prog, const Value& v) {
+    if (v.kind == Value::Kind::tuple) {
+        Value out = v;
+        for (auto& e : out.elems) e = normalise(prog, e);
+        return out;
+    }
+    if (v.kind != Value::Kind::record) return v;
+    const ast::ParamsDecl* decl = prog.find_params(v.record);
+    if (!decl) fail("no params group named '", v.record, "'");
+    frontend::VType t = prog.params_type(*decl);
+    for (const auto& [name, _] : v.fields) {
+        bool known = false;
+        for (const auto& [n, _2] : t.fields) known |= n == name;
+        if (!known) fail(v.record, " has no field '", name, "'");
+    }
+    Value out;
+    out.kind = Value::Kind::record;
+    out.record = v.record;
+    for (const auto& [name, ft] : t.fields) {
+        const RaggedTensor& f = v.field(name);
+        if (f.schema() != ft.schema)
+            fail(v.record, ".", name, " has schema ", f.schema().str(), ", expected ",
+                 ft.schema.str());
+        out.fields.push_back({name, f});
+    }
+    return out;
+}
+
 } // namespace
 
 Module::Module(std::unique_ptr<frontend::Program> prog) : prog_(std::move(prog)) {}
@@ -151,10 +181,14 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     return *slot;
 }
 
-Value Module::call(std::string_view fn, const std::vector<Value>& args) {
+Value Module::call(std::string_view fn, const std::vector<Value>& given) {
+    std::vector<Value> args;
+    for (const auto& a : given) args.push_back(normalise(*prog_, a));
     const Compiled& c = specialise(fn, args);
     std::vector<RaggedTensor> flat;
     for (const auto& a : args) flatten(a, flat);
+    if (flat.size() != c.lowered.fn.inputs.size())
+        fail(fn, " takes ", c.lowered.fn.inputs.size(), " tensors in all, got ", flat.size());
     auto want = c.lowered.fn.input_types();
     // Equal ragged names must agree per sample across arguments, and batches must agree.
     std::map<std::string, std::pair<std::size_t, std::vector<std::int64_t>>> seen;

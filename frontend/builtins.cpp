@@ -54,6 +54,7 @@ Args match(Lowerer& L, const ast::Expr& call, const std::string& fname,
 std::int64_t int_attr(Lowerer& L, const ast::Expr& e, const char* what) {
     double v = L.constant(e, what);
     if (v != std::floor(v)) L.error(e.span, std::string(what) + " must be an integer");
+    if (std::fabs(v) > 9.0e15) L.error(e.span, std::string(what) + " is out of range");
     return std::int64_t(v);
 }
 
@@ -132,6 +133,8 @@ LV make_grad(Lowerer& L, const ast::Expr& call, bool with_value) {
     out.name = fn->name;
     out.with_value = with_value;
     if (w.kind == ast::Expr::Kind::integer) {
+        if (w.ival < 0 || std::size_t(w.ival) >= fn->params.size())
+            L.error(w.span, fn->name + " has no parameter " + std::to_string(w.ival));
         out.grad_wrt = int(w.ival);
     } else if (w.kind == ast::Expr::Kind::name) {
         for (std::size_t k = 0; k < fn->params.size(); ++k)

@@ -35,23 +35,34 @@ struct Jit {
     std::mutex mu;
 };
 
+// An LLVM failure (say, an unresolved symbol) becomes a rag::Error, never an abort.
+void check(llvm::Error e) {
+    if (e) fail("CPU JIT: ", llvm::toString(std::move(e)));
+}
+
+template <class T> T take(llvm::Expected<T> v) {
+    if (!v) check(v.takeError());
+    return std::move(*v);
+}
+
+// The process-wide JIT, made on first use (a failure is reported and retried next time). It
+// lives as long as the process: compiled code may run until exit.
 Jit& jit() {
     static Jit* j = [] {
         llvm::InitializeNativeTarget();
         llvm::InitializeNativeTargetAsmPrinter();
-        auto jtmb = llvm::cantFail(llvm::orc::JITTargetMachineBuilder::detectHost());
+        auto jtmb = take(llvm::orc::JITTargetMachineBuilder::detectHost());
         jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
-        auto* out = new Jit; // lives as long as the process: compiled code may run at exit
-        out->tm = llvm::cantFail(jtmb.createTargetMachine());
-        out->lljit =
-            llvm::cantFail(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create());
+        auto out = std::make_unique<Jit>();
+        out->tm = take(jtmb.createTargetMachine());
+        out->lljit = take(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create());
         // libm (tanh, erfc), libmvec (SIMD exp, log, pow) and the rest of the process are
         // reachable from generated code.
         llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
         out->lljit->getMainJITDylib().addGenerator(
-            llvm::cantFail(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+            take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                 out->lljit->getDataLayout().getGlobalPrefix())));
-        return out;
+        return out.release();
     }();
     return *j;
 }
@@ -192,12 +203,6 @@ void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::in
     for (auto& th : pool) th.join();
 }
 
-// An LLVM failure (say, an unresolved symbol) becomes a rag::Error, never an abort.
-void check(llvm::Error e) {
-    if (!e) return;
-    fail("CPU JIT: ", llvm::toString(std::move(e)));
-}
-
 class CompiledCpu final : public CpuFunction {
   public:
     explicit CompiledCpu(const ir::Function& f) : f_(f), plan_(make_plan(f)) {
@@ -231,7 +236,8 @@ class CompiledCpu final : public CpuFunction {
     ~CompiledCpu() override {
         if (tracker_) {
             std::lock_guard<std::mutex> lock(jit().mu);
-            llvm::cantFail(tracker_->remove());
+            if (llvm::Error e = tracker_->remove())
+                llvm::consumeError(std::move(e)); // nothing to do
         }
     }
 

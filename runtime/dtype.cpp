@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace rag {
 
@@ -106,6 +107,19 @@ std::uint16_t float_to_bf16(float f) {
     return std::uint16_t(x >> 16);
 }
 
+namespace {
+
+// Float to integer without undefined behaviour: truncates toward zero, saturates at the type's
+// limits, and maps NaN to 0.
+template <class I> I saturate(double v) {
+    if (std::isnan(v)) return 0;
+    if (v <= double(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+    if (v >= double(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+    return I(v);
+}
+
+} // namespace
+
 double load_as_f64(const void* data, DType t, std::size_t i) {
     switch (t) {
     case DType::f16:
@@ -141,10 +155,10 @@ void store_from_f64(void* data, DType t, std::size_t i, double v) {
         static_cast<double*>(data)[i] = v;
         break;
     case DType::i32:
-        static_cast<std::int32_t*>(data)[i] = std::int32_t(v);
+        static_cast<std::int32_t*>(data)[i] = saturate<std::int32_t>(v);
         break;
     case DType::i64:
-        static_cast<std::int64_t*>(data)[i] = std::int64_t(v);
+        static_cast<std::int64_t*>(data)[i] = saturate<std::int64_t>(v);
         break;
     case DType::boolean:
         static_cast<std::uint8_t*>(data)[i] = v != 0.0;

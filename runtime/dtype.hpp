@@ -23,7 +23,8 @@ float bf16_to_float(std::uint16_t bits);
 std::uint16_t float_to_bf16(float x); // round to nearest even, NaN kept
 
 // Reads/writes element `i` of a buffer of type `t` as double (exact for every dtype except
-// i64 beyond 2^53). Rounding on store follows the dtype: half types round through f32.
+// i64 beyond 2^53). Rounding on store follows the dtype: half types round through f32;
+// integers truncate toward zero and saturate at their limits (NaN stores 0).
 double load_as_f64(const void* data, DType t, std::size_t i);
 void store_from_f64(void* data, DType t, std::size_t i, double v);
 

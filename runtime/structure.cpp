@@ -9,6 +9,24 @@
 namespace rag {
 namespace {
 
+// Extent products are checked, so a sample can neither wrap around 2^63 nor ask for more rows
+// (or row-split entries) than any machine holds.
+constexpr std::int64_t max_rows = std::int64_t(1) << 40;
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t sample) {
+    std::int64_t r;
+    if (__builtin_mul_overflow(a, b, &r) || r > max_rows)
+        fail("sample ", sample, ": extents multiply to more than a tensor can address");
+    return r;
+}
+
+std::int64_t checked_add(std::int64_t a, std::int64_t b, std::int64_t sample) {
+    std::int64_t r;
+    if (__builtin_add_overflow(a, b, &r) || r > max_rows)
+        fail("sample ", sample, ": the batch holds more rows than a tensor can address");
+    return r;
+}
+
 std::string sample_shape_str(std::span<const std::int64_t> s) {
     std::string out = "(";
     for (std::size_t a = 0; a < s.size(); ++a) out += (a ? ", " : "") + std::to_string(s[a]);
@@ -57,8 +75,9 @@ StructurePtr Structure::make(Shape shape, std::int64_t batch, std::vector<std::i
     st->row_width_ = 1;
     for (int a = 0; a < d; ++a)
         if (!shape.axes[a].is_ragged())
-            st->row_width_ *=
-                batch > 0 ? sizes[a] : std::max<std::int64_t>(shape.axes[a].extent, 0);
+            st->row_width_ = checked_mul(
+                st->row_width_,
+                batch > 0 ? sizes[a] : std::max<std::int64_t>(shape.axes[a].extent, 0), 0);
     std::vector<int> ragged;
     for (int a = 0; a < d; ++a)
         if (shape.axes[a].is_ragged()) ragged.push_back(a);
@@ -67,8 +86,8 @@ StructurePtr Structure::make(Shape shape, std::int64_t batch, std::vector<std::i
     for (std::int64_t i = 0; i < batch; ++i) {
         const std::int64_t* s = sizes.data() + i * d;
         std::int64_t p = 1;
-        for (int a : ragged) p *= s[a];
-        st->offsets_[i + 1] = st->offsets_[i] + p;
+        for (int a : ragged) p = checked_mul(p, s[a], i);
+        st->offsets_[i + 1] = checked_add(st->offsets_[i], p, i);
         // Level k: one segment per index tuple of the first k ragged axes of this sample.
         std::int64_t segments = 1;
         for (std::size_t k = 0; k < ragged.size(); ++k) {
@@ -76,7 +95,7 @@ StructurePtr Structure::make(Shape shape, std::int64_t batch, std::vector<std::i
             for (std::size_t l = k; l < ragged.size(); ++l) seg_rows *= s[ragged[l]];
             auto& splits = st->row_splits_[k];
             for (std::int64_t g = 0; g < segments; ++g) splits.push_back(splits.back() + seg_rows);
-            segments *= s[ragged[k]];
+            segments = checked_mul(segments, s[ragged[k]], i);
         }
     }
     st->shape_ = std::move(shape);

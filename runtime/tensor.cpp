@@ -88,10 +88,10 @@ template <class Fn> void for_each_element(const Structure& st, std::int64_t i, F
 
 } // namespace
 
-RaggedTensor RaggedTensor::from_list(const std::vector<DenseArray>& samples,
-                                     std::vector<Axis> axes) {
+RaggedTensor RaggedTensor::from_list(const std::vector<DenseArray>& samples, std::vector<Axis> axes,
+                                     DType empty_dtype) {
     const int d = int(axes.size());
-    DType t = samples.empty() ? DType::f32 : samples[0].dtype;
+    DType t = samples.empty() ? empty_dtype : samples[0].dtype;
     std::vector<std::int64_t> sizes;
     for (std::size_t i = 0; i < samples.size(); ++i) {
         const DenseArray& s = samples[i];
@@ -149,6 +149,10 @@ RaggedTensor RaggedTensor::dense(const DenseArray& a) {
 RaggedTensor RaggedTensor::from_padded(const DenseArray& padded, std::vector<Axis> axes,
                                        const std::vector<std::vector<std::int64_t>>& lengths) {
     const int d = int(axes.size());
+    if (std::int64_t(padded.bytes.size()) !=
+        padded.numel() * std::int64_t(dtype_size(padded.dtype)))
+        fail("from_padded: an array of ", padded.numel(), " elements holds ", padded.bytes.size(),
+             " bytes");
     if (int(padded.shape.size()) != d + 1)
         fail("from_padded: array of rank ", padded.shape.size(), " for ", d,
              " per-sample axes + B");

@@ -39,8 +39,10 @@ class RaggedTensor {
     static RaggedTensor zeros(DType dtype, StructurePtr st);
     static RaggedTensor from_f64(DType dtype, StructurePtr st, const std::vector<double>& values);
     // A batch from per-sample arrays. `axes` declares every per-sample axis: a ragged name
-    // keeps the axis ragged even when all samples agree on its extent.
-    static RaggedTensor from_list(const std::vector<DenseArray>& samples, std::vector<Axis> axes);
+    // keeps the axis ragged even when all samples agree on its extent. `empty_dtype` is the
+    // dtype of an empty batch (otherwise the samples' dtype).
+    static RaggedTensor from_list(const std::vector<DenseArray>& samples, std::vector<Axis> axes,
+                                  DType empty_dtype = DType::f32);
     static RaggedTensor from_list(const std::vector<DenseArray>& samples, std::string_view axes) {
         return from_list(samples, parse_axes(axes));
     }

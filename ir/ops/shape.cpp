@@ -231,7 +231,7 @@ Shape reshaped(const Shape& x, const Idx& extents) {
     for (int a = t; a < x.sample_rank(); ++a) have *= x.axes[std::size_t(a)].extent;
     for (auto e : extents) {
         if (e < 0) fail("reshape: extents must be >= 0, got ", e);
-        want *= e;
+        if (__builtin_mul_overflow(want, e, &want)) fail("reshape: the extents overflow");
     }
     if (have != want)
         fail("reshape: the static tail ",

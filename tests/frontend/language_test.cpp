@@ -133,6 +133,52 @@ TEST(Language, AxisZeroReducesEachSampleCompletely) {
     EXPECT_EQ(y.to_f64(), (std::vector<double>{3, 7}));
 }
 
+TEST(Language, HandBuiltParamsAreCheckedAgainstTheirDeclaration) {
+    auto m = Module::compile(R"(
+        params P {
+            a: f32[4] = ones
+            b: f32[4] = zeros
+        }
+        fn h(x: f32[B, ~N, 4], p: P) -> f32[] { return sum(x * p.a + p.b) })");
+    RaggedTensor x = RaggedTensor::from_list(
+        {DenseArray::from_f64(DType::f32, {2, 4}, std::vector<double>(8, 2.0))}, "~N, 4");
+    Value p = m->init("P", 0);
+    EXPECT_EQ(m->call("h", {x, p}).tensor.item(), 16.0);
+    Value swapped = p;
+    std::swap(swapped.fields[0], swapped.fields[1]); // fields in another order: same meaning
+    EXPECT_EQ(m->call("h", {x, swapped}).tensor.item(), 16.0);
+    Value wrong = p;
+    wrong.fields[0].second =
+        RaggedTensor::dense(DenseArray::from_f64(DType::f32, {4, 8}, std::vector<double>(32, 1.0)));
+    EXPECT_NE(error_of([&] {
+                  m->call("h", {x, wrong});
+              }).find("P.a has schema f32[4, 8], expected f32[4]"),
+              std::string::npos);
+    Value extra = p;
+    extra.fields.push_back({"c", p.fields[0].second});
+    EXPECT_NE(error_of([&] {
+                  m->call("h", {x, extra});
+              }).find("P has no field 'c'"),
+              std::string::npos);
+}
+
+TEST(Language, OutOfRangeConstantsAreDiagnosed) {
+    auto msg = error_of([] {
+        Module::compile("fn g(x: f32[B, ~N]) -> f32[] { return sum(x) }\n"
+                        "fn f(x: f32[B, ~N]) -> f32[B, ~N] { return grad(g, wrt=4294967296)(x) }");
+    });
+    EXPECT_NE(msg.find("g has no parameter 4294967296"), std::string::npos) << msg;
+    msg = error_of([] {
+        Module::compile("fn f(x: f32[B, ~N, 3]) -> f32[B, 3] { return sum(x, axis=1e300) }");
+    });
+    EXPECT_NE(msg.find("axis is out of range"), std::string::npos) << msg;
+    msg = error_of([] {
+        Module::compile("fn f(x: f32[B, ~N, 0]) -> f32[B, ~N, 4294967296, 4294967296] { return "
+                        "reshape(x, 4294967296, 4294967296) }");
+    });
+    EXPECT_NE(msg.find("reshape: the extents overflow"), std::string::npos) << msg;
+}
+
 TEST(Language, NumberLiteralsCanBeResults) {
     auto m =
         Module::compile("fn f(x: f32[B, ~N, 3]) { return (x, 2) }\nfn g() -> f32[] { return 1.5 }");

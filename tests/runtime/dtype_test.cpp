@@ -52,6 +52,18 @@ TEST(DType, Bfloat16) {
     EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
 }
 
+TEST(DType, IntegerStoresSaturate) {
+    std::vector<std::byte> buf(8);
+    store_from_f64(buf.data(), DType::i32, 0, 1e30);
+    EXPECT_EQ(load_as_f64(buf.data(), DType::i32, 0), 2147483647.0);
+    store_from_f64(buf.data(), DType::i32, 0, -1e30);
+    EXPECT_EQ(load_as_f64(buf.data(), DType::i32, 0), -2147483648.0);
+    store_from_f64(buf.data(), DType::i64, 0, std::nan(""));
+    EXPECT_EQ(load_as_f64(buf.data(), DType::i64, 0), 0.0);
+    store_from_f64(buf.data(), DType::i32, 0, -2.7);
+    EXPECT_EQ(load_as_f64(buf.data(), DType::i32, 0), -2.0);
+}
+
 TEST(DType, LoadStoreEveryType) {
     for (DType t : all_dtypes) {
         std::vector<std::byte> buf(8 * 4);

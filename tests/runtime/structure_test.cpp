@@ -70,6 +70,18 @@ TEST(Structure, StaticExtentIsChecked) {
     EXPECT_NE(msg.find("static extent 4"), std::string::npos) << msg;
 }
 
+TEST(Structure, ExtentProductsCannotOverflow) {
+    const std::int64_t big = std::int64_t(1) << 32;
+    EXPECT_NE(error_of([&] {
+                  make("~N, ~M", 1, {big, big});
+              }).find("more than a tensor can address"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  make("~N, ~M, 0", 1, {big, big, 0});
+              }).find("more than a tensor can address"),
+              std::string::npos);
+}
+
 TEST(Structure, ParseAxes) {
     auto a = parse_axes(" ~N,~N , 128, C");
     ASSERT_EQ(a.size(), 4u);

@@ -117,6 +117,20 @@ TEST(Tensor, BadInputNamesTheSample) {
     EXPECT_NE(msg.find("sample 1 has length 4"), std::string::npos) << msg;
 }
 
+TEST(Tensor, FromPaddedChecksTheArraySize) {
+    DenseArray a{DType::f32, {1, 1 << 20, 4}, {}};
+    EXPECT_NE(error_of([&] {
+                  RaggedTensor::from_padded(a, parse_axes("~N, 4"), {{1 << 20}});
+              }).find("holds 0 bytes"),
+              std::string::npos);
+}
+
+TEST(Tensor, EmptyBatchesTakeTheirDtype) {
+    auto t = RaggedTensor::from_list({}, parse_axes("~N"), DType::i64);
+    EXPECT_EQ(t.schema().str(), "i64[B, ~N]");
+    EXPECT_EQ(t.batch(), 0);
+}
+
 TEST(Tensor, AstypeRoundsThroughTheTargetType) {
     auto x = RaggedTensor::from_list({DenseArray::from_f64(DType::f64, {2}, {1.0 / 3, 1e6})}, "~N");
     auto h = x.astype(DType::f16);
