@@ -1,5 +1,7 @@
 #include "dsl/module.hpp"
 
+#include "dsl/value_type.hpp"
+
 #include "frontend/lower.hpp"
 #include "ir/interpreter.hpp"
 #include "jit/cpu_jit.hpp"
@@ -46,25 +48,6 @@ struct Module::Compiled {
 };
 
 namespace {
-
-frontend::VType vtype_of(const Value& v) {
-    using frontend::VType;
-    switch (v.kind) {
-    case Value::Kind::tensor:
-        return VType::tensor(v.tensor.schema());
-    case Value::Kind::record: {
-        VType t{VType::Kind::record, {}, v.record, {}, {}};
-        for (const auto& [n, f] : v.fields) t.fields.push_back({n, VType::tensor(f.schema())});
-        return t;
-    }
-    case Value::Kind::tuple: {
-        VType t{VType::Kind::tuple, {}, {}, {}, {}};
-        for (const auto& e : v.elems) t.elems.push_back(vtype_of(e));
-        return t;
-    }
-    }
-    return {};
-}
 
 void flatten(const Value& v, std::vector<RaggedTensor>& out) {
     if (v.kind == Value::Kind::tensor) out.push_back(v.tensor);
@@ -130,6 +113,25 @@ Value normalise(const frontend::Program& prog, const Value& v) {
 }
 
 } // namespace
+
+frontend::VType vtype_of(const Value& v) {
+    using frontend::VType;
+    switch (v.kind) {
+    case Value::Kind::tensor:
+        return VType::tensor(v.tensor.schema());
+    case Value::Kind::record: {
+        VType t{VType::Kind::record, {}, v.record, {}, {}};
+        for (const auto& [n, f] : v.fields) t.fields.push_back({n, VType::tensor(f.schema())});
+        return t;
+    }
+    case Value::Kind::tuple: {
+        VType t{VType::Kind::tuple, {}, {}, {}, {}};
+        for (const auto& e : v.elems) t.elems.push_back(vtype_of(e));
+        return t;
+    }
+    }
+    return {};
+}
 
 Module::Module(std::unique_ptr<frontend::Program> prog) : prog_(std::move(prog)) {}
 Module::~Module() = default;

@@ -1,5 +1,6 @@
 // `rag repl`: evaluating expressions and `let` over REPL variables by synthesising a function.
 #include "dsl/repl_session.hpp"
+#include "dsl/value_type.hpp"
 #include "frontend/lower.hpp"
 #include "frontend/parser.hpp"
 
@@ -18,24 +19,6 @@ void collect_names(const ast::Expr& e, std::vector<std::string>& out) {
         out.push_back(e.name);
     for (const auto& o : e.operands) collect_names(*o, out);
     for (const auto& a : e.args) collect_names(*a.value, out);
-}
-
-frontend::VType vtype_of(const Value& v) {
-    using frontend::VType;
-    switch (v.kind) {
-    case Value::Kind::tensor:
-        return VType::tensor(v.tensor.schema());
-    case Value::Kind::record: {
-        VType t{VType::Kind::record, {}, v.record, {}, {}};
-        for (const auto& [n, f] : v.fields) t.fields.push_back({n, VType::tensor(f.schema())});
-        return t;
-    }
-    case Value::Kind::tuple:
-        break;
-    }
-    VType t{VType::Kind::tuple, {}, {}, {}, {}};
-    for (const auto& e : v.elems) t.elems.push_back(vtype_of(e));
-    return t;
 }
 
 std::string one_line(const std::string& s) {
