@@ -1,5 +1,8 @@
 #include "jit/cpu_jit.hpp"
 
+#include "jit/llvm_jit.hpp"
+#include "jit/segmented.hpp"
+
 #include "runtime/error.hpp"
 
 #include <cblas.h>
@@ -28,44 +31,6 @@ namespace {
 
 using Kernel = void (*)(std::int64_t begin, std::int64_t end, void* const* in, void* const* out,
                         const std::int64_t* rows);
-
-struct Jit {
-    std::unique_ptr<llvm::orc::LLJIT> lljit;
-    std::unique_ptr<llvm::TargetMachine> tm;
-    std::mutex mu;
-};
-
-// An LLVM failure (say, an unresolved symbol) becomes a rag::Error, never an abort.
-void check(llvm::Error e) {
-    if (e) fail("CPU JIT: ", llvm::toString(std::move(e)));
-}
-
-template <class T> T take(llvm::Expected<T> v) {
-    if (!v) check(v.takeError());
-    return std::move(*v);
-}
-
-// The process-wide JIT, made on first use (a failure is reported and retried next time). It
-// lives as long as the process: compiled code may run until exit.
-Jit& jit() {
-    static Jit* j = [] {
-        llvm::InitializeNativeTarget();
-        llvm::InitializeNativeTargetAsmPrinter();
-        auto jtmb = take(llvm::orc::JITTargetMachineBuilder::detectHost());
-        jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
-        auto out = std::make_unique<Jit>();
-        out->tm = take(jtmb.createTargetMachine());
-        out->lljit = take(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create());
-        // libm (tanh, erfc), libmvec (SIMD exp, log, pow) and the rest of the process are
-        // reachable from generated code.
-        llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
-        out->lljit->getMainJITDylib().addGenerator(
-            take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-                out->lljit->getDataLayout().getGlobalPrefix())));
-        return out.release();
-    }();
-    return *j;
-}
 
 // Emits the body of one fused loop: element i of every output from element i of the inputs.
 class GroupEmitter {
@@ -169,25 +134,6 @@ class GroupEmitter {
     std::map<int, llvm::Value*> vals_;
 };
 
-void optimise(llvm::Module& m, llvm::TargetMachine& tm) {
-    llvm::LoopAnalysisManager lam;
-    llvm::FunctionAnalysisManager fam;
-    llvm::CGSCCAnalysisManager cgam;
-    llvm::ModuleAnalysisManager mam;
-    // glibc's libmvec gives the loop vectoriser SIMD exp, log and pow.
-    llvm::TargetLibraryInfoImpl tlii(llvm::Triple(m.getTargetTriple()));
-    tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86,
-                                            llvm::Triple(m.getTargetTriple()));
-    fam.registerPass([&] { return llvm::TargetLibraryAnalysis(tlii); });
-    llvm::PassBuilder pb(&tm);
-    pb.registerModuleAnalyses(mam);
-    pb.registerCGSCCAnalyses(cgam);
-    pb.registerFunctionAnalyses(fam);
-    pb.registerLoopAnalyses(lam);
-    pb.crossRegisterProxies(lam, fam, cgam, mam);
-    pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
-}
-
 // Runs fn over [0, n) on every core when there is enough work.
 void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn) {
     const std::int64_t grain = 1 << 15;
@@ -209,37 +155,18 @@ class CompiledCpu final : public CpuFunction {
         static std::atomic<int> counter{0};
         const std::string prefix = "rag_" + std::to_string(counter++) + "_";
         auto ctx = std::make_unique<llvm::LLVMContext>();
-        auto m = std::make_unique<llvm::Module>(prefix + f.name, *ctx);
-        Jit& j = jit();
-        m->setDataLayout(j.lljit->getDataLayout());
-        m->setTargetTriple(j.tm->getTargetTriple().str());
+        auto m = new_module(prefix + f.name, *ctx);
         for (std::size_t g = 0; g < plan_.groups.size(); ++g)
             GroupEmitter(*m, f_, plan_.groups[g]).emit(prefix + std::to_string(g));
         std::string err;
         llvm::raw_string_ostream es(err);
         if (llvm::verifyModule(*m, &es))
             fail("internal: the CPU JIT built invalid LLVM IR: ", es.str());
-        std::lock_guard<std::mutex> lock(j.mu);
-        optimise(*m, *j.tm);
-        llvm::raw_string_ostream os(ir_);
-        m->print(os, nullptr);
-        if (plan_.groups.empty()) return;
-        tracker_ = j.lljit->getMainJITDylib().createResourceTracker();
-        check(j.lljit->addIRModule(tracker_,
-                                   llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))));
-        for (std::size_t g = 0; g < plan_.groups.size(); ++g) {
-            auto sym = j.lljit->lookup(prefix + std::to_string(g));
-            if (!sym) check(sym.takeError());
-            kernels_.push_back(sym->toPtr<Kernel>());
-        }
+        for (void* k :
+             add_module(std::move(m), std::move(ctx), plan_.groups.size(), prefix, &ir_, &tracker_))
+            kernels_.push_back(reinterpret_cast<Kernel>(k));
     }
-    ~CompiledCpu() override {
-        if (tracker_) {
-            std::lock_guard<std::mutex> lock(jit().mu);
-            if (llvm::Error e = tracker_->remove())
-                llvm::consumeError(std::move(e)); // nothing to do
-        }
-    }
+    ~CompiledCpu() override { remove_module(tracker_); }
 
     const Plan& plan() const override { return plan_; }
     const std::string& llvm_ir() const override { return ir_; }
@@ -264,6 +191,8 @@ class CompiledCpu final : public CpuFunction {
         for (const Step& s : plan_.steps) {
             if (s.kind == Step::Kind::fused)
                 run_group(std::size_t(s.index), vals);
+            else if (s.kind == Step::Kind::segmented)
+                vals[std::size_t(s.index)] = run_segmented(f_.nodes[std::size_t(s.index)], vals);
             else if (s.kind == Step::Kind::gemm)
                 run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
             else

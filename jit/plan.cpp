@@ -1,5 +1,7 @@
 #include "jit/plan.hpp"
 
+#include "jit/segmented.hpp"
+
 #include <set>
 #include <sstream>
 
@@ -73,7 +75,10 @@ Plan make_plan(const ir::Function& f) {
         const bool float_type = t.dtype == DType::f32 || t.dtype == DType::f64;
         bool gemm = float_type && ((n.op == "matmul" && !f.type(n.args[1]).shape.batched) ||
                                    n.op == "matmul_weight_grad");
-        p.steps.push_back({gemm ? Step::Kind::gemm : Step::Kind::reference, int(i)});
+        p.steps.push_back({gemm                 ? Step::Kind::gemm
+                           : is_segmented(f, n) ? Step::Kind::segmented
+                                                : Step::Kind::reference,
+                           int(i)});
     }
     // Inputs (values from outside the group) and outputs (values used outside or returned).
     std::vector<bool> used_outside(f.nodes.size(), false);
@@ -101,8 +106,10 @@ std::string print(const Plan& p, const ir::Function& f) {
     for (const Step& s : p.steps) {
         if (s.kind != Step::Kind::fused) {
             const ir::Node& n = f.nodes[std::size_t(s.index)];
-            os << (s.kind == Step::Kind::gemm ? "gemm      %" : "reference %") << s.index << " = "
-               << n.op << "\n";
+            os << (s.kind == Step::Kind::gemm        ? "gemm      %"
+                   : s.kind == Step::Kind::segmented ? "segmented %"
+                                                     : "reference %")
+               << s.index << " = " << n.op << "\n";
             continue;
         }
         const FusedGroup& g = p.groups[std::size_t(s.index)];

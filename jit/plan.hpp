@@ -1,7 +1,8 @@
 // Kernel plans: how a function runs on the CPU tier. Runs of consecutive elementwise nodes of
 // one shape and float dtype become one fused loop over the packed storage (compiled by LLVM);
 // `x @ W` over packed rows and its weight gradient (x^T g summed over all rows) become one BLAS
-// GEMM each; every other op runs its reference kernel.
+// GEMM each; `sum`/`mean` over one axis and their gradients run as segmented loops
+// (jit/segmented.hpp); every other op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
 #include "ir/ir.hpp"
@@ -28,7 +29,7 @@ struct FusedGroup {
 };
 
 struct Step {
-    enum class Kind { fused, gemm, reference } kind;
+    enum class Kind { fused, gemm, segmented, reference } kind;
     int index; // the group (fused) or the IR node (gemm, reference)
 };
 

@@ -126,6 +126,45 @@ TEST(CpuJit, WeightGradientIsOneGemm) {
     }
 }
 
+TEST(CpuJit, SegmentedReductionsAndTheirGradientsAgree) {
+    const std::pair<const char*, std::vector<std::int64_t>> layouts[] = {
+        {"~N, 4", {0, 1, 2, -1}},
+        {"~N, ~N, 3", {0, 1, 2, 3}},
+        {"~N, ~M, 2", {0, 1, 2, 3}},
+        {"3, ~H, ~W", {0, 1, 2, 3}}};
+    for (DType t : {DType::f32, DType::f64})
+        for (const auto& [axes, reduce_over] : layouts)
+            for (std::int64_t axis : reduce_over)
+                for (const char* op : {"sum", "mean"}) {
+                    ir::Function f;
+                    f.name = op;
+                    ir::Builder b(f);
+                    int x = b.input(ragged(t, axes), "x");
+                    Attrs at{{"axis", axis}};
+                    int y = b.op(op, {x}, at);
+                    int g = b.input(f.type(y), "g");
+                    Attrs gat = at;
+                    gat.set("kind", std::string(op));
+                    f.outputs = {y, b.op("reduce_grad", {x, y, g}, gat)};
+                    auto cpu = jit::compile_cpu(f);
+                    ASSERT_EQ(cpu->plan().steps.size(), 2u);
+                    EXPECT_EQ(cpu->plan().steps[0].kind, jit::Step::Kind::segmented)
+                        << axes << " " << axis;
+                    const std::vector<std::int64_t> lengths = {3, 0, 5, 1};
+                    auto xs = random_for(ragged(t, axes), lengths);
+                    // The cotangent has the reduction's structure.
+                    ir::Function fwd = f;
+                    fwd.outputs = {y};
+                    fwd.inputs = {x};
+                    auto y0 = ir::interpret(ir::eliminate_dead_code(fwd), {xs})[0];
+                    std::vector<double> gv(static_cast<std::size_t>(y0.numel()));
+                    for (double& v : gv) v = uniform();
+                    SCOPED_TRACE(std::string(op) + " over axis " + std::to_string(axis) + " of " +
+                                 axes);
+                    expect_tiers_agree(f, {xs, RaggedTensor::from_f64(t, y0.structure_ptr(), gv)});
+                }
+}
+
 TEST(CpuJit, UnequalRuntimeExtentsGiveTheReferenceError) {
     ir::Function f;
     f.name = "add";

@@ -1,0 +1,16 @@
+// Segmented reductions on the CPU tier: `sum`/`mean` over one axis (a ragged, static or the
+// whole sample) and their gradients, as LLVM loop nests over per-sample segments. Every
+// sample's block is row-major in storage order, so reducing one axis is, per sample, a loop
+// over (outer, n, inner) extents that the host reads off the structure: nothing compiled
+// depends on a length. Internal to jit/.
+#pragma once
+#include "ir/ir.hpp"
+
+namespace rag::jit {
+
+// Whether node n (sum/mean with axis=, or their reduce_grad) runs as a segmented loop.
+bool is_segmented(const ir::Function& f, const ir::Node& n);
+// Runs it; `vals` holds its arguments.
+RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);
+
+} // namespace rag::jit
