@@ -2,27 +2,16 @@
 
 #include "jit/llvm_jit.hpp"
 #include "jit/segmented.hpp"
-
 #include "runtime/error.hpp"
 
 #include <cblas.h>
-#include <llvm/Analysis/TargetLibraryInfo.h>
-#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
-#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
-#include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Intrinsics.h>
-#include <llvm/IR/LLVMContext.h>
-#include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
-#include <llvm/Passes/PassBuilder.h>
-#include <llvm/Support/DynamicLibrary.h>
-#include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
-#include <llvm/Target/TargetMachine.h>
 
 #include <atomic>
-#include <mutex>
+#include <map>
 #include <numbers>
 #include <thread>
 
