@@ -59,29 +59,9 @@ RaggedTensor field_value(py::handle obj, const Schema& want, const std::string& 
 
 // ---- declared types -------------------------------------------------------------------------
 
-bool has_ragged(const ast::TypeExpr& t) {
-    for (const auto& d : t.dims)
-        if (d.kind == ast::DimExpr::Kind::ragged) return true;
-    return false;
-}
-
-std::set<std::string> batch_names(const ast::FnDecl& fn) {
-    std::set<std::string> out;
-    std::function<void(const ast::TypeExpr&)> visit = [&](const ast::TypeExpr& t) {
-        for (const auto& e : t.elems) visit(e);
-        if (t.kind == ast::TypeExpr::Kind::tensor && has_ragged(t) && !t.dims.empty() &&
-            t.dims[0].kind == ast::DimExpr::Kind::symbolic)
-            out.insert(t.dims[0].name);
-    };
-    for (const auto& p : fn.params) visit(p.type);
-    if (fn.result) visit(*fn.result);
-    return out;
-}
-
-bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch) {
-    return has_ragged(t) || (!t.dims.empty() && t.dims[0].kind == ast::DimExpr::Kind::symbolic &&
-                             batch.count(t.dims[0].name));
-}
+using frontend::batch_names;
+using frontend::has_ragged;
+using frontend::is_batched;
 
 std::string type_str(const ast::TypeExpr& t) {
     switch (t.kind) {

@@ -73,17 +73,6 @@ std::string type_str(const ast::TypeExpr& t) {
     return "?";
 }
 
-bool has_ragged(const ast::TypeExpr& t) {
-    for (const auto& d : t.dims)
-        if (d.kind == ast::DimExpr::Kind::ragged) return true;
-    return false;
-}
-
-bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch) {
-    return has_ragged(t) || (!t.dims.empty() && t.dims[0].kind == ast::DimExpr::Kind::symbolic &&
-                             batch.count(t.dims[0].name));
-}
-
 VType declared_vtype(const Program& prog, const ast::TypeExpr& t,
                      const std::set<std::string>& batch) {
     switch (t.kind) {
@@ -135,6 +124,17 @@ VType rename(const VType& actual, const ast::TypeExpr& decl) {
 }
 
 } // namespace
+
+bool has_ragged(const ast::TypeExpr& t) {
+    for (const auto& d : t.dims)
+        if (d.kind == ast::DimExpr::Kind::ragged) return true;
+    return false;
+}
+
+bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch) {
+    return has_ragged(t) || (!t.dims.empty() && t.dims[0].kind == ast::DimExpr::Kind::symbolic &&
+                             batch.count(t.dims[0].name));
+}
 
 std::set<std::string> batch_names(const ast::FnDecl& fn) {
     std::set<std::string> out;

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 
 namespace rag::frontend {
 
@@ -56,6 +57,13 @@ struct Lowered {
 // nullopt after reporting diagnostics.
 std::optional<Lowered> lower(const Program& prog, std::string_view fn,
                              const std::optional<std::vector<VType>>& args, Diagnostics& diags);
+
+// The names used as the batch axis in a signature (first dim of each ragged type).
+std::set<std::string> batch_names(const ast::FnDecl& fn);
+bool has_ragged(const ast::TypeExpr& t);
+// A declared tensor type is batched when it has a ragged dimension or its first dimension is
+// one of the signature's batch names.
+bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch);
 
 // Type-checks every non-generic function on its declared types.
 void check(const Program& prog, Diagnostics& diags);

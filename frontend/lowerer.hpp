@@ -82,7 +82,5 @@ const Builtin* find_builtin(std::string_view name);
 // Matches a type against a declared type, binding names; returns "" or why it does not match.
 std::string match_type(const Program& prog, const VType& actual, const ast::TypeExpr& decl,
                        const std::set<std::string>& batch_names, Bindings& b);
-// The names used as the batch axis in a signature (first dim of each ragged type).
-std::set<std::string> batch_names(const ast::FnDecl& fn);
 
 } // namespace rag::frontend

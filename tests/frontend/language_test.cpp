@@ -222,6 +222,18 @@ Value random_value(Module& m, const frontend::VType& t, const std::vector<std::i
     return random_for(t.schema, lengths);
 }
 
+// Random arguments of fn's declared types.
+std::vector<Value> random_args(Module& m, const char* fn,
+                               const std::vector<std::int64_t>& lengths) {
+    Diagnostics diags(*m.program().units[0].src);
+    auto decl = frontend::lower(m.program(), fn, std::nullopt, diags);
+    if (!decl) ADD_FAILURE() << diags.str();
+    std::vector<Value> args;
+    if (decl)
+        for (const auto& t : decl->params) args.push_back(random_value(m, t, lengths));
+    return args;
+}
+
 TEST(Language, EveryExampleTrainStepLowersItsLoss) {
     const std::pair<const char*, const char*> cases[] = {
         {"single_pair_single.rag", "train_step_rect"},
@@ -229,15 +241,10 @@ TEST(Language, EveryExampleTrainStepLowersItsLoss) {
         {"encoder.rag", "train_step"}};
     for (auto [file, fn] : cases) {
         auto m = example(file);
-        Diagnostics diags(*m->program().units[0].src);
-        auto decl = frontend::lower(m->program(), fn, std::nullopt, diags);
-        ASSERT_TRUE(decl) << diags.str();
-        std::vector<Value> args;
+        std::vector<Value> args = random_args(*m, fn, {4, 1, 6});
         std::size_t slot = 0;
-        for (std::size_t k = 0; k < decl->params.size(); ++k) {
-            args.push_back(random_value(*m, decl->params[k], {4, 1, 6}));
-            if (args.back().kind == Value::Kind::record) slot = k;
-        }
+        for (std::size_t k = 0; k < args.size(); ++k)
+            if (args[k].kind == Value::Kind::record) slot = k;
         double first = 0, last = 0;
         for (int s = 0; s < 6; ++s) {
             Value r = m->call(fn, args);
@@ -260,14 +267,7 @@ TEST(Language, EveryExampleCompilesOncePerSchemaAcrossLengths) {
         {"encoder.rag", "train_step"}};
     for (auto [file, fn] : cases) {
         auto m = example(file);
-        Diagnostics diags(*m->program().units[0].src);
-        auto decl = frontend::lower(m->program(), fn, std::nullopt, diags);
-        ASSERT_TRUE(decl) << diags.str();
-        for (const auto& lengths : batches) {
-            std::vector<Value> args;
-            for (const auto& t : decl->params) args.push_back(random_value(*m, t, lengths));
-            m->call(fn, args);
-        }
+        for (const auto& lengths : batches) m->call(fn, random_args(*m, fn, lengths));
         EXPECT_EQ(m->stats().at(fn).compilations, 1) << file << " " << fn;
         EXPECT_EQ(m->stats().at(fn).cache_hits, int(batches.size()) - 1) << file << " " << fn;
     }
