@@ -3,6 +3,7 @@
 #include "jit/llvm_jit.hpp"
 #include "jit/segmented.hpp"
 #include "runtime/error.hpp"
+#include "runtime/parallel.hpp"
 
 #include <cblas.h>
 #include <llvm/IR/IRBuilder.h>
@@ -13,7 +14,6 @@
 #include <atomic>
 #include <map>
 #include <numbers>
-#include <thread>
 
 namespace rag::jit {
 namespace {
@@ -123,21 +123,6 @@ class GroupEmitter {
     std::map<int, llvm::Value*> vals_;
 };
 
-// Runs fn over [0, n) on every core when there is enough work.
-void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn) {
-    const std::int64_t grain = 1 << 15;
-    std::int64_t threads = std::min<std::int64_t>(std::thread::hardware_concurrency(), n / grain);
-    if (threads <= 1) {
-        fn(0, n);
-        return;
-    }
-    std::vector<std::thread> pool;
-    for (std::int64_t t = 1; t < threads; ++t)
-        pool.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
-    fn(0, n / threads);
-    for (auto& th : pool) th.join();
-}
-
 class CompiledCpu final : public CpuFunction {
   public:
     explicit CompiledCpu(const ir::Function& f) : f_(f), plan_(make_plan(f)) {
@@ -230,7 +215,7 @@ class CompiledCpu final : public CpuFunction {
             out.push_back(vals[std::size_t(o)].mutable_data());
         }
         Kernel k = kernels_[g];
-        parallel_for(st->numel(), [&](std::int64_t b, std::int64_t e) {
+        parallel_for(st->numel(), 1 << 15, [&](std::int64_t b, std::int64_t e) {
             k(b, e, in.data(), out.data(), rows.data());
         });
     }

@@ -1,6 +1,7 @@
 #include "runtime/tensor.hpp"
 
 #include "runtime/error.hpp"
+#include "runtime/memory.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -39,9 +40,13 @@ Buffer Buffer::allocate(std::size_t nbytes) {
     void* p = std::aligned_alloc(64, rounded ? rounded : 64);
     if (!p) fail("out of memory allocating ", nbytes, " bytes");
     std::memset(p, 0, rounded ? rounded : 64);
-    return {
-        std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); }),
-        nbytes};
+    memory::allocated(rounded);
+    return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                       [rounded](std::byte* q) {
+                                           memory::freed(rounded);
+                                           std::free(q);
+                                       }),
+            nbytes};
 }
 
 RaggedTensor::RaggedTensor(DType dtype, StructurePtr st, Buffer values)
