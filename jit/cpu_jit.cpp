@@ -1,5 +1,6 @@
 #include "jit/cpu_jit.hpp"
 
+#include "jit/elementwise_llvm.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/segmented.hpp"
 #include "runtime/error.hpp"
@@ -7,13 +8,11 @@
 
 #include <cblas.h>
 #include <llvm/IR/IRBuilder.h>
-#include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 
 #include <atomic>
 #include <map>
-#include <numbers>
 
 namespace rag::jit {
 namespace {
@@ -60,7 +59,12 @@ class GroupEmitter {
                                                                    : b_.getInt64(0);
             vals_[g_.inputs[k].value] = b_.CreateLoad(t_, b_.CreateGEP(t_, in_ptr[k], at));
         }
-        for (int v : g_.nodes) vals_[v] = node(f_.nodes[std::size_t(v)]);
+        for (int v : g_.nodes) {
+            const ir::Node& n = f_.nodes[std::size_t(v)];
+            std::vector<llvm::Value*> args;
+            for (int a : n.args) args.push_back(vals_.at(a));
+            vals_[v] = emit_elementwise(b_, m_, host_math(), n, args, t_);
+        }
         for (std::size_t k = 0; k < g_.outputs.size(); ++k)
             b_.CreateStore(vals_[g_.outputs[k]], b_.CreateGEP(t_, out_ptr[k], i));
         i->addIncoming(b_.CreateAdd(i, b_.getInt64(1)), body);
@@ -70,51 +74,6 @@ class GroupEmitter {
     }
 
   private:
-    llvm::Value* c(double v) { return llvm::ConstantFP::get(t_, v); }
-    llvm::Value* intrinsic(llvm::Intrinsic::ID id, std::vector<llvm::Value*> args) {
-        return b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id, {t_}), args);
-    }
-    llvm::Value* libm(const char* f32, const char* f64, llvm::Value* x) {
-        auto callee = m_.getOrInsertFunction(t_->isFloatTy() ? f32 : f64, t_, t_);
-        return b_.CreateCall(callee, {x});
-    }
-    llvm::Value* sigmoid(llvm::Value* x) {
-        return b_.CreateFDiv(
-            c(1), b_.CreateFAdd(c(1), intrinsic(llvm::Intrinsic::exp, {b_.CreateFNeg(x)})));
-    }
-
-    // One op of the fused set, with the reference kernels' semantics (ties, NaN order).
-    llvm::Value* node(const ir::Node& n) {
-        auto arg = [&](int k) { return vals_.at(n.args[std::size_t(k)]); };
-        const std::string& op = n.op;
-        if (op == "neg") return b_.CreateFNeg(arg(0));
-        if (op == "exp") return intrinsic(llvm::Intrinsic::exp, {arg(0)});
-        if (op == "log") return intrinsic(llvm::Intrinsic::log, {arg(0)});
-        if (op == "sqrt") return intrinsic(llvm::Intrinsic::sqrt, {arg(0)});
-        if (op == "rsqrt") return b_.CreateFDiv(c(1), intrinsic(llvm::Intrinsic::sqrt, {arg(0)}));
-        if (op == "abs") return intrinsic(llvm::Intrinsic::fabs, {arg(0)});
-        if (op == "tanh") return libm("tanhf", "tanh", arg(0));
-        if (op == "sigmoid") return sigmoid(arg(0));
-        if (op == "relu") return b_.CreateSelect(b_.CreateFCmpOGT(arg(0), c(0)), arg(0), c(0));
-        if (op == "gelu") {
-            llvm::Value* phi = b_.CreateFMul(
-                c(0.5), libm("erfcf", "erfc", b_.CreateFMul(arg(0), c(-1 / std::numbers::sqrt2))));
-            return b_.CreateFMul(arg(0), phi);
-        }
-        if (op == "silu") return b_.CreateFMul(arg(0), sigmoid(arg(0)));
-        if (op == "add") return b_.CreateFAdd(arg(0), arg(1));
-        if (op == "sub") return b_.CreateFSub(arg(0), arg(1));
-        if (op == "mul") return b_.CreateFMul(arg(0), arg(1));
-        if (op == "div") return b_.CreateFDiv(arg(0), arg(1));
-        if (op == "pow") return intrinsic(llvm::Intrinsic::pow, {arg(0), arg(1)});
-        if (op == "maximum")
-            return b_.CreateSelect(b_.CreateFCmpOGE(arg(0), arg(1)), arg(0), arg(1));
-        if (op == "minimum")
-            return b_.CreateSelect(b_.CreateFCmpOLE(arg(0), arg(1)), arg(0), arg(1));
-        if (op == "scale") return b_.CreateFMul(arg(0), c(n.attrs.get_float("c")));
-        fail("internal: the CPU JIT cannot fuse ", op);
-    }
-
     llvm::Module& m_;
     const ir::Function& f_;
     const FusedGroup& g_;
