@@ -327,8 +327,10 @@ std::string tier_name(Tier t) {
     return t == Tier::jit ? "jit" : "interpreter";
 }
 
-PyModulePtr wrap(std::shared_ptr<Module> mod, std::string path, const std::string& tier) {
+PyModulePtr wrap(std::shared_ptr<Module> mod, std::string path, const std::string& tier,
+                 bool padded) {
     mod->set_tier(tier_arg(tier));
+    mod->set_padded(padded);
     auto m = std::make_shared<PyModule>();
     m->mod = std::move(mod);
     m->path = std::move(path);
@@ -754,6 +756,20 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             },
             "Where calls run: 'jit' (LLVM-compiled CPU code, the default) or 'interpreter' (the "
             "reference).")
+        .def_property(
+            "padded",
+            [](PyModule& pm) {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(pm.mu);
+                return pm.mod->padded();
+            },
+            [](PyModule& pm, bool on) {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(pm.mu);
+                pm.mod->set_padded(on);
+            },
+            "True: calls run on the dense envelope B x N_max x ... with masks (the padded "
+            "baseline); same valid results.")
         .def(
             "functions", [](const PyModule& pm) { return pm.mod->functions(); },
             "Functions of the main file, in order.")
@@ -828,7 +844,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
     // ---- functions --------------------------------------------------------------------------
     m.def(
         "load",
-        [](py::object path, const std::string& tier) {
+        [](py::object path, const std::string& tier, bool padded) {
             std::string p =
                 py::str(py::module_::import("os").attr("fspath")(path)).cast<std::string>();
             std::shared_ptr<Module> mod;
@@ -836,20 +852,23 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                 py::gil_scoped_release nogil;
                 mod = Module::load(p);
             }
-            return wrap(std::move(mod), p, tier);
+            return wrap(std::move(mod), p, tier, padded);
         },
-        "path"_a, "tier"_a = "jit", "Load and type-check a .rag file.");
+        "path"_a, "tier"_a = "jit", "padded"_a = false,
+        "Load and type-check a .rag file. padded=True: run on the dense envelope with masks.");
     m.def(
         "compile",
-        [](const std::string& source, const std::string& path, const std::string& tier) {
+        [](const std::string& source, const std::string& path, const std::string& tier,
+           bool padded) {
             std::shared_ptr<Module> mod;
             {
                 py::gil_scoped_release nogil;
                 mod = Module::compile(source, path);
             }
-            return wrap(std::move(mod), path, tier);
+            return wrap(std::move(mod), path, tier, padded);
         },
-        "source"_a, "path"_a = "<input>", "tier"_a = "jit", "Compile a program from source text.");
+        "source"_a, "path"_a = "<input>", "tier"_a = "jit", "padded"_a = false,
+        "Compile a program from source text. padded=True: run on the dense envelope with masks.");
     m.def(
         "ragged",
         [](py::object samples, py::object ragged_axes, py::object dtype) {

@@ -31,6 +31,8 @@ commands:
       --stats                   print compilations and cache hits per function
       --tier jit|interp         the LLVM-compiled CPU tier (default) or the reference
                                 interpreter
+      --padded                  run on the dense envelope B x N_max x ... with masks (the
+                                padded baseline); same valid results
   ir FILE --fn NAME [--plan]    print the SSA IR of NAME on its declared types (--plan: how
                                 the CPU JIT runs it: fused loops, GEMMs, reference kernels)
   repl                          an interactive session (:help inside)
@@ -45,6 +47,7 @@ struct Options {
     bool stats = false;
     bool plan = false;
     Tier tier = Tier::jit;
+    bool padded = false;
 };
 
 std::vector<std::int64_t> parse_lengths(const std::string& s) {
@@ -133,6 +136,7 @@ int cmd_run(const std::string& path, const Options& o) {
     if (o.fn.empty()) fail("run needs --fn NAME");
     auto m = Module::load(path);
     m->set_tier(o.tier);
+    m->set_padded(o.padded);
     Diagnostics diags(*m->program().units[0].src);
     auto decl = frontend::lower(m->program(), o.fn, std::nullopt, diags);
     if (!decl) throw CompileError(diags.str());
@@ -222,6 +226,8 @@ int main(int argc, char** argv) {
                 o.stats = true;
             else if (a[k] == "--plan")
                 o.plan = true;
+            else if (a[k] == "--padded")
+                o.padded = true;
             else if (a[k] == "--tier") {
                 const std::string& t = value();
                 if (t != "jit" && t != "interp") fail("--tier takes jit or interp, got '", t, "'");

@@ -1,5 +1,6 @@
 #include "dsl/module.hpp"
 
+#include "dsl/padded_io.hpp"
 #include "dsl/value_type.hpp"
 
 #include "frontend/lower.hpp"
@@ -159,7 +160,8 @@ std::vector<std::string> Module::functions() const {
 
 const Module::Compiled& Module::specialise(std::string_view fn, const std::vector<Value>& args) {
     std::vector<frontend::VType> types;
-    std::string key = (tier_ == Tier::jit ? "jit:" : "interp:") + std::string(fn);
+    std::string key = (tier_ == Tier::jit ? "jit:" : "interp:") +
+                      std::string(padded_ ? "padded:" : "") + std::string(fn);
     for (const auto& a : args) {
         types.push_back(vtype_of(a));
         key += "|" + types.back().str();
@@ -171,7 +173,7 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     }
     auto t0 = std::chrono::steady_clock::now();
     Diagnostics diags(*prog_->units.at(0).src);
-    auto lowered = frontend::lower(*prog_, fn, types, diags);
+    auto lowered = frontend::lower(*prog_, fn, types, diags, padded_);
     if (!lowered) throw CompileError(diags.str());
     auto compiled = std::make_unique<Compiled>(Compiled{std::move(*lowered), nullptr});
     if (tier_ == Tier::jit) compiled->cpu = jit::compile_cpu(compiled->lowered.fn);
@@ -189,8 +191,8 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
     const Compiled& c = specialise(fn, args);
     std::vector<RaggedTensor> flat;
     for (const auto& a : args) flatten(a, flat);
-    if (flat.size() != c.lowered.fn.inputs.size())
-        fail(fn, " takes ", c.lowered.fn.inputs.size(), " tensors in all, got ", flat.size());
+    const std::size_t n_in = c.lowered.fn.inputs.size() - c.lowered.masks.size();
+    if (flat.size() != n_in) fail(fn, " takes ", n_in, " tensors in all, got ", flat.size());
     auto want = c.lowered.fn.input_types();
     // Equal ragged names must agree per sample across arguments, and batches must agree.
     std::map<std::string, std::pair<std::size_t, std::vector<std::int64_t>>> seen;
@@ -219,7 +221,16 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
                          " has ", ax.name, " = ", it->second.second[i]);
         }
     }
+    std::map<std::string, std::vector<std::int64_t>> lengths;
+    for (const auto& [name, where] : seen) lengths[name] = where.second;
+    if (padded_) {
+        for (auto& t : flat) t = to_envelope(t);
+        for (const auto& name : c.lowered.masks)
+            flat.push_back(envelope_mask(name, lengths.at(name)));
+    }
     auto out = c.cpu ? c.cpu->run(flat) : ir::interpret(c.lowered.fn, flat);
+    if (padded_)
+        for (auto& t : out) t = from_envelope(t, lengths);
     std::size_t pos = 0;
     return unflatten(c.lowered.result, out, pos);
 }

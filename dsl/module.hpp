@@ -67,6 +67,10 @@ class Module {
     std::map<std::string, FnStats> stats() const { return stats_; }
     void set_tier(Tier t) { tier_ = t; }
     Tier tier() const { return tier_; }
+    // Padded execution (docs/design.md): calls run the program on the dense envelope
+    // B x N_max x ... with masks, the baseline padded frameworks use; same valid results.
+    void set_padded(bool on) { padded_ = on; }
+    bool padded() const { return padded_; }
     const frontend::Program& program() const { return *prog_; }
 
   private:
@@ -78,6 +82,7 @@ class Module {
     std::map<std::string, std::unique_ptr<Compiled>> cache_;
     std::map<std::string, FnStats> stats_;
     Tier tier_ = Tier::jit;
+    bool padded_ = false;
 };
 
 } // namespace rag

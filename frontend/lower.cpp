@@ -1,6 +1,7 @@
 #include "frontend/lowerer.hpp"
 
 #include "frontend/parser.hpp"
+#include "frontend/padded.hpp"
 #include "ir/autodiff.hpp"
 #include "runtime/error.hpp"
 
@@ -324,6 +325,7 @@ void Lowerer::error(Span s, const std::string& msg) {
 
 int Lowerer::op(Span at, std::string_view name, std::vector<int> args, Attrs attrs) {
     try {
+        if (padder_) return padder_->op(name, std::move(args), attrs);
         return b_.op(name, std::move(args), std::move(attrs));
     } catch (const Error& e) {
         error(at, e.what());
@@ -419,6 +421,7 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
     const auto batch = batch_names(fn);
     Bindings bound;
     Lowerer inner(prog_, diags_, b_, depth_ + 1);
+    inner.padder_ = padder_;
     inner.file_ = file;
     for (std::size_t k = 0; k < args.size(); ++k) {
         const ast::Param& p = fn.params[k];
@@ -491,7 +494,15 @@ LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
         flat_args.insert(flat_args.end(), outer.begin(), outer.end());
         sub_args.push_back(in);
     }
+    // Padded: the differentiated function takes the masks too, after its arguments.
+    std::optional<Padder> sub_padder;
+    if (padder_) {
+        sub_padder.emplace(sb, padder_->names());
+        flat_args.insert(flat_args.end(), padder_->mask_inputs().begin(),
+                         padder_->mask_inputs().end());
+    }
     Lowerer inner(prog_, diags_, sb, depth_ + 1);
+    inner.padder_ = sub_padder ? &*sub_padder : nullptr;
     inner.file_ = file_;
     LV r = inner.call_fn(*fn, file, sub_args, at);
     if (r.kind != LV::Kind::tensor)
@@ -651,7 +662,8 @@ LV Lowerer::call(const ast::Expr& e) {
 // ---- entry points -------------------------------------------------------------------------
 
 std::optional<Lowered> lower(const Program& prog, std::string_view name,
-                             const std::optional<std::vector<VType>>& args, Diagnostics& diags) {
+                             const std::optional<std::vector<VType>>& args, Diagnostics& diags,
+                             bool padded) {
     auto [fn, file] = prog.find_fn(name);
     if (!fn) {
         diags.error({}, "no function named '" + std::string(name) + "'");
@@ -691,6 +703,12 @@ std::optional<Lowered> lower(const Program& prog, std::string_view name,
             }
             out.params.push_back(t);
             inputs.push_back(make_inputs(b, t, p.name));
+        }
+        std::optional<Padder> padder;
+        if (padded) {
+            out.masks = Padder::mask_names(f.input_types());
+            padder.emplace(b, out.masks);
+            L.set_padder(&*padder);
         }
         LV r = L.materialise(L.call_fn(*fn, file, inputs, fn->name_span));
         f.outputs = L.flatten(r);

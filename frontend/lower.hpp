@@ -51,12 +51,16 @@ struct Lowered {
     ir::Function fn;
     std::vector<VType> params; // specialised parameter types (tensor ragged names as declared)
     VType result;
+    // Padded execution: the ragged axis names whose bool[B, ~name] masks follow the inputs.
+    std::vector<std::string> masks;
 };
 
 // Lowers `fn` specialised on `args` (runtime types; nullopt: the declared types). Returns
-// nullopt after reporting diagnostics.
+// nullopt after reporting diagnostics. `padded`: the program for the dense envelope, with one
+// mask input per ragged axis name after the arguments (frontend/padded.hpp).
 std::optional<Lowered> lower(const Program& prog, std::string_view fn,
-                             const std::optional<std::vector<VType>>& args, Diagnostics& diags);
+                             const std::optional<std::vector<VType>>& args, Diagnostics& diags,
+                             bool padded = false);
 
 // The names used as the batch axis in a signature (first dim of each ragged type).
 std::set<std::string> batch_names(const ast::FnDecl& fn);

@@ -8,6 +8,8 @@
 
 namespace rag::frontend {
 
+class Padder;
+
 // A language value during lowering.
 struct LV {
     enum class Kind { tensor, number, record, tuple, function, error } kind = Kind::error;
@@ -60,6 +62,8 @@ class Lowerer {
     Diagnostics& diags() { return diags_; }
     int depth() const { return depth_; }
     LV apply_grad(const LV& f, const std::vector<LV>& args, Span at);
+    // Padded execution (frontend/padded.hpp): every op goes through the Padder.
+    void set_padder(Padder* p) { padder_ = p; }
 
   private:
     LV call(const ast::Expr& e);
@@ -73,6 +77,7 @@ class Lowerer {
     int depth_;
     const SourceFile* file_ = nullptr;
     std::map<std::string, LV> scope_;
+    Padder* padder_ = nullptr;
 };
 
 // A builtin function: lowers a call expression whose callee is the builtin's name.

@@ -1,0 +1,238 @@
+#include "frontend/padded.hpp"
+
+#include "runtime/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace rag::frontend {
+
+namespace {
+
+// A fill that no valid entry loses to in a max and that vanishes under exp, yet stays finite:
+// a group that is all padding (an empty sample) then gives finite garbage, not NaN, and
+// garbage times a zero gradient stays zero.
+double very_negative(DType t) {
+    switch (t) {
+    case DType::f16:
+        return -65504.0;
+    case DType::f64:
+        return -1e300;
+    default:
+        return -1e30;
+    }
+}
+
+int logical(const Schema& s, int per_sample) {
+    return per_sample + (s.shape.batched ? 1 : 0);
+}
+
+} // namespace
+
+std::vector<std::string> Padder::mask_names(const std::vector<Schema>& inputs) {
+    std::vector<std::string> names;
+    for (const Schema& s : inputs)
+        for (const Axis& a : s.shape.axes)
+            if (a.is_ragged() && std::find(names.begin(), names.end(), a.name) == names.end())
+                names.push_back(a.name);
+    return names;
+}
+
+Padder::Padder(ir::Builder& b, const std::vector<std::string>& names) : b_(b), names_(names) {
+    for (const auto& n : names_)
+        inputs_.push_back(
+            b_.input(Schema{DType::boolean, Shape{true, {Axis::ragged_of(n)}}}, "mask ~" + n));
+}
+
+int Padder::emit(std::string_view name, std::vector<int> args, Attrs attrs) {
+    return b_.op(name, std::move(args), std::move(attrs));
+}
+
+int Padder::mask_of(const std::string& name) const {
+    for (std::size_t k = 0; k < names_.size(); ++k)
+        if (names_[k] == name) return inputs_[k];
+    fail("padded execution: the ragged axis ~", name,
+         " is not an axis of any argument, so its valid extents are unknown");
+}
+
+std::vector<int> Padder::ragged_among(int x, const std::vector<int>& axes) const {
+    std::vector<int> out;
+    for (int p : axes)
+        if (type(x).shape.axes[std::size_t(p)].is_ragged()) out.push_back(p);
+    return out;
+}
+
+int Padder::masked(int x, const std::vector<int>& axes, double fill) {
+    const Schema s = type(x);
+    const int fill_id = constant(fill, s.dtype);
+    for (int p : ragged_among(x, axes)) {
+        // The [B, ~name] mask placed at per-sample axis p: [B, 1, .., ~name, .., 1].
+        std::string spec = ":";
+        for (int q = 0; q < s.shape.sample_rank(); ++q) spec += q == p ? ", :" : ", new";
+        int m = emit("index", {mask_of(s.shape.axes[std::size_t(p)].name)}, {{"spec", spec}});
+        x = emit("where", {m, x, fill_id});
+    }
+    return x;
+}
+
+int Padder::count(int x, const std::vector<int>& axes, bool valid) {
+    const Schema s = type(x);
+    int c = -1;
+    double factor = 1;
+    for (int p : axes) {
+        const Axis& a = s.shape.axes[std::size_t(p)];
+        int n;
+        if (a.kind == AxisKind::fixed) {
+            factor *= double(a.extent);
+            continue;
+        } else if (a.is_ragged()) {
+            int m = emit("cast", {mask_of(a.name)}, {{"dtype", std::string("f32")}});
+            if (!valid) m = emit("ones_like", {m});
+            n = emit("sum", {m}, {{"axis", std::int64_t(1)}});
+        } else {
+            n = emit("cast", {emit("lengths", {x}, {{"axis", std::int64_t(logical(s, p))}})},
+                     {{"dtype", std::string("f32")}});
+        }
+        c = c < 0 ? n : emit("mul", {c, n});
+    }
+    if (c < 0) fail("padded execution: internal error, a count over no ragged axis");
+    if (factor != 1) c = emit("scale", {c}, {{"c", factor}});
+    return c;
+}
+
+int Padder::valid_count(int x, const std::vector<int>& axes) {
+    return count(x, axes, true);
+}
+
+int Padder::envelope_count(int x, const std::vector<int>& axes) {
+    return count(x, axes, false);
+}
+
+int Padder::per_sample(int c, int like) {
+    const Schema& l = type(like);
+    std::string spec = ":";
+    for (int q = 0; q < l.shape.sample_rank(); ++q) spec += ", new";
+    if (l.shape.sample_rank() > 0) c = emit("index", {c}, {{"spec", spec}});
+    if (l.dtype != DType::f32) c = emit("cast", {c}, {{"dtype", std::string(dtype_name(l.dtype))}});
+    return c;
+}
+
+// sum / mean / max / min: the padding becomes the reduction's identity; a mean divides by the
+// number of valid entries of its group (at least 1, so an empty group stays 0 as in ragged).
+int Padder::reduction(std::string_view name, int x, const Attrs& attrs) {
+    const Schema s = type(x);
+    std::vector<int> axes;
+    bool global = !attrs.has("axis");
+    if (global || (s.shape.batched && (attrs.get_int("axis") == 0 ||
+                                       attrs.get_int("axis") == -s.shape.logical_rank()))) {
+        for (int p = 0; p < s.shape.sample_rank(); ++p) axes.push_back(p);
+    } else {
+        std::int64_t a = attrs.get_int("axis");
+        if (a < 0) a += s.shape.logical_rank();
+        if (a >= 1 && a < s.shape.logical_rank()) axes.push_back(int(a - 1));
+    }
+    if (!s.shape.batched || ragged_among(x, axes).empty()) return emit(name, {x}, attrs);
+    double fill = 0;
+    if (name == "max" || name == "min") {
+        if (!is_floating(s.dtype))
+            fail("padded execution: ", name, " of integers over a ragged axis is not supported");
+        fill = name == "max" ? -std::numeric_limits<double>::infinity()
+                             : std::numeric_limits<double>::infinity();
+    }
+    const int xm = masked(x, axes, fill);
+    if (name != "mean") return emit(name, {xm}, attrs);
+    int r = emit("sum", {xm}, attrs);
+    int c = valid_count(x, axes);
+    if (global) c = emit("sum", {c});
+    c = emit("maximum", {c, constant(1, DType::f32)});
+    if (!global) return emit("div", {r, per_sample(c, r)});
+    if (s.dtype != DType::f32) c = emit("cast", {c}, {{"dtype", std::string(dtype_name(s.dtype))}});
+    return emit("div", {r, c});
+}
+
+// softmax(q k^T * scale) v as padded frameworks run it: scores materialised over the envelope
+// (B, H, N_max, M_max), padded keys masked out before the softmax.
+int Padder::attention(int q, int k, int v, const Attrs& attrs) {
+    if (attrs.get_bool("causal", false))
+        fail("padded execution: causal attention is not supported yet");
+    const Schema& qs = type(q);
+    const double D = double(qs.shape.axes.back().extent);
+    const double scale = attrs.get_float("scale", 1.0 / std::sqrt(D));
+    auto T = [&](int x, std::int64_t a, std::int64_t b) {
+        return emit("transpose", {x}, {{"a", a}, {"b", b}});
+    };
+    int qt = T(q, 1, 2);              // [B, H, ~N, D]
+    int kt = T(T(k, 1, 2), 2, 3);     // [B, H, D, ~M]
+    int s = emit("matmul", {qt, kt}); // [B, H, ~N, ~M]
+    s = emit("scale", {s}, {{"c", scale}});
+    s = masked(s, {2}, very_negative(qs.dtype));
+    int p = emit("softmax", {s}, {{"axis", std::int64_t(3)}});
+    int o = emit("matmul", {p, T(v, 1, 2)}); // [B, H, ~N, Dv]; padded keys have p = 0
+    return T(o, 1, 2);                       // [B, ~N, H, Dv]
+}
+
+// cross_entropy / mse average over every position: with the padding set to 0 each padded
+// position adds a known constant (log K for cross-entropy, 0 for mse), which is taken out
+// again, and the mean is over the valid positions.
+int Padder::mean_loss(std::string_view name, std::vector<int> args, int positions_of) {
+    const Schema ps = type(positions_of);
+    std::vector<int> axes;
+    for (int p = 0; p < ps.shape.sample_rank(); ++p) axes.push_back(p);
+    if (!ps.shape.batched || ragged_among(positions_of, axes).empty()) return emit(name, args);
+    const DType dt = type(args[0]).dtype;
+    auto as_dt = [&](int c) {
+        return dt == DType::f32 ? c : emit("cast", {c}, {{"dtype", std::string(dtype_name(dt))}});
+    };
+    args[0] = masked(args[0], ragged_among(positions_of, axes), 0);
+    if (name == "mse") args[1] = masked(args[1], ragged_among(positions_of, axes), 0);
+    const int all = emit(name, args);
+    const int T = as_dt(emit("sum", {envelope_count(positions_of, axes)}));
+    const int V = as_dt(emit("sum", {valid_count(positions_of, axes)}));
+    int total = emit("mul", {all, T});
+    if (name == "cross_entropy") {
+        const double logK = std::log(double(type(args[0]).shape.axes.back().extent));
+        total = emit("sub", {total, emit("scale", {emit("sub", {T, V})}, {{"c", logK}})});
+    }
+    return emit("div", {total, emit("maximum", {V, constant(1, dt)})});
+}
+
+int Padder::op(std::string_view name, std::vector<int> args, const Attrs& attrs) {
+    if (name == "sum" || name == "mean" || name == "max" || name == "min")
+        return reduction(name, args[0], attrs);
+    if (name == "softmax" || name == "logsumexp") {
+        const Schema& s = type(args[0]);
+        if (s.shape.batched && attrs.has("axis")) {
+            std::int64_t a = attrs.get_int("axis");
+            if (a < 0) a += s.shape.logical_rank();
+            if (a >= 1 && a < s.shape.logical_rank())
+                args[0] = masked(args[0], {int(a - 1)}, very_negative(s.dtype));
+        }
+        return emit(name, args, attrs);
+    }
+    if (name == "attention") return attention(args.at(0), args.at(1), args.at(2), attrs);
+    if (name == "cross_entropy") return mean_loss(name, args, args.at(1));
+    if (name == "mse") return mean_loss(name, args, args.at(0));
+    if (name == "matmul" && args.size() == 2 && type(args[1]).shape.batched) {
+        // A per-sample product contracting a's last axis: padded entries there must add 0.
+        const Schema& a = type(args[0]);
+        if (a.shape.batched && a.shape.sample_rank() > 0)
+            args[0] = masked(args[0], {a.shape.sample_rank() - 1}, 0);
+        return emit(name, args, attrs);
+    }
+    if (name == "lengths") {
+        const Schema& s = type(args.at(0));
+        std::int64_t a = attrs.get_int("axis");
+        if (a < 0) a += s.shape.logical_rank();
+        if (s.shape.batched && a >= 1 && a < s.shape.logical_rank() &&
+            s.shape.axes[std::size_t(a - 1)].is_ragged())
+            return emit("cast", {valid_count(args[0], {int(a - 1)})},
+                        {{"dtype", std::string("i64")}});
+        return emit(name, args, attrs);
+    }
+    if (name == "pad" || name == "unpad" || name == "mask" || name == "relpos_attention")
+        fail("padded execution does not support ", name, " yet");
+    return emit(name, std::move(args), attrs);
+}
+
+} // namespace rag::frontend

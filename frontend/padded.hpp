@@ -1,0 +1,63 @@
+// Padded execution (docs/design.md, "Padded execution"): the same program run on the dense
+// envelope B x N_max x ..., the baseline the NestedTensor paper measures against.
+//
+// Values keep their ragged schemas, but every sample is stored at the envelope extents (the
+// host pads inputs and unpads outputs at the call boundary), so compiled code is the very code
+// of the ragged specialisation and its cost grows with the padded volume. Entries outside a
+// sample hold finite garbage; they never reach a valid result because the Padder rewrites, at
+// lowering time and so before autodiff, every op that mixes values along a formerly ragged
+// axis: reductions and softmax mask the padding, means divide by the valid count, attention
+// runs as masked scores (B, H, N_max, N_max) as padded frameworks do, losses average over valid
+// positions only. Gradients of the masked program are then exactly 0 at padded entries, so the
+// derived backward ops need no masks of their own.
+#pragma once
+#include "ir/ir.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace rag::frontend {
+
+class Padder {
+  public:
+    // Adds one mask input bool[B, ~name] (true inside the sample) per name of `names`.
+    Padder(ir::Builder& b, const std::vector<std::string>& names);
+
+    // The ragged axis names of these input schemas, in order of first appearance: one mask
+    // input each.
+    static std::vector<std::string> mask_names(const std::vector<Schema>& inputs);
+
+    const std::vector<std::string>& names() const { return names_; }
+    // The mask inputs, in the order of mask_names.
+    const std::vector<int>& mask_inputs() const { return inputs_; }
+
+    // Emits `name(args)` with the meaning it has on the valid entries of the padded values.
+    // rag::Error for ops padded execution does not support.
+    int op(std::string_view name, std::vector<int> args, const Attrs& attrs);
+
+  private:
+    const Schema& type(int v) const { return b_.function().type(v); }
+    int emit(std::string_view name, std::vector<int> args, Attrs attrs = {});
+    int constant(double v, DType t) { return b_.constant(v, t); }
+    int mask_of(const std::string& name) const;
+    // x with the padding along its per-sample axes `axes` replaced by `fill`.
+    int masked(int x, const std::vector<int>& axes, double fill);
+    // f32[B]: per sample, the number of valid index tuples over `axes` (per-sample positions).
+    int valid_count(int x, const std::vector<int>& axes);
+    int envelope_count(int x, const std::vector<int>& axes);
+    int count(int x, const std::vector<int>& axes, bool valid);
+    // The per-sample positions of x's ragged axes among `axes`.
+    std::vector<int> ragged_among(int x, const std::vector<int>& axes) const;
+    // c: f32[B] broadcast against a value of `like`'s per-sample rank, as like's dtype.
+    int per_sample(int c, int like);
+    int reduction(std::string_view name, int x, const Attrs& attrs);
+    int attention(int q, int k, int v, const Attrs& attrs);
+    int mean_loss(std::string_view name, std::vector<int> args, int positions_of);
+
+    ir::Builder& b_;
+    std::vector<std::string> names_;
+    std::vector<int> inputs_;
+};
+
+} // namespace rag::frontend
