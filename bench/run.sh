@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The ragged-vs-padded benchmark and its peers, one command (see bench/README.md):
+#   ./dev bench            (builds, then runs this with the bench venv's Python)
+#   bench/run.sh [STEPS]   (RAG_BENCH=path/to/rag_bench BENCH_PYTHON=venv/bin/python)
+# For each program (single-pair-single square, rectangular, non-leading; the encoder layer) and
+# each length profile (near-uniform, highly variable), one training step (forward, backward,
+# SGD) of: rag ragged and rag padded on the JIT, rag ragged on the interpreter, PyTorch padded
+# with masks, torch.nested (jagged), DanLing NestedTensor; every system in its own process, on
+# the same dumped inputs, with THREADS threads. Writes bench/results/peers.{jsonl,md,png}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-5}
+THREADS=${THREADS:-2}
+BUILD=${RAG_BUILD:-build}
+RAG_BENCH=${RAG_BENCH:-$BUILD/bench/rag_bench}
+PY=${BENCH_PYTHON:-$(./dev bench-python)}
+OUT=bench/results
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+export RAG_NUM_THREADS=$THREADS
+
+# B = 8 everywhere. Pair programs (C = 384, Cp = 128): N_max = 32. Encoder (C = 64, 4 heads):
+# N_max = 128. Small enough for a few minutes on 2 cores.
+declare -A LENGTHS=(
+  [pair:uniform]=30,31,32,30,32,31,32,30
+  [pair:variable]=4,6,8,10,12,16,20,32
+  [encoder:uniform]=120,124,128,122,126,128,125,121
+  [encoder:variable]=8,16,24,32,48,64,96,128
+)
+JSONL=$OUT/peers.jsonl
+: >"$JSONL"
+cell() { # label command...: one JSON line into $JSONL, or an error line
+  local label=$1; shift
+  local line
+  if line=$("$@" 2>"$TMP/err"); then
+    echo "$line" | tail -n 1 | tee -a "$JSONL"
+  else
+    local msg; msg=$(tail -n 1 "$TMP/err" | tr '"\\' "''" | cut -c1-200)
+    echo "{$label, \"error\": \"$msg\"}" | tee -a "$JSONL"
+  fi
+}
+for profile in uniform variable; do
+  for case in square rect nonleading encoder; do
+    kind=pair; [ "$case" = encoder ] && kind=encoder
+    lengths=${LENGTHS[$kind:$profile]}
+    dump=$TMP/$case-$profile
+    base="\"case\": \"$case\", \"lengths\": \"$lengths\""
+    echo "== $case $profile ($lengths)" >&2
+    cell "$base, \"system\": \"rag\", \"mode\": \"ragged\", \"tier\": \"jit\"" \
+      "$RAG_BENCH" "$case" "$lengths" --steps "$STEPS" --threads "$THREADS" --dump "$dump"
+    cell "$base, \"system\": \"rag\", \"mode\": \"padded\", \"tier\": \"jit\"" \
+      "$RAG_BENCH" "$case" "$lengths" --padded --steps "$STEPS" --threads "$THREADS"
+    cell "$base, \"system\": \"rag\", \"mode\": \"ragged\", \"tier\": \"interp\"" \
+      "$RAG_BENCH" "$case" "$lengths" --tier interp --steps 2 --threads "$THREADS"
+    for peer in torch_padded torch_nested danling_nt; do
+      cell "$base, \"system\": \"${peer//_/-}\"" \
+        "$PY" "bench/peers/$peer.py" "$dump" --steps "$STEPS" --threads "$THREADS"
+    done
+  done
+done
+"$PY" bench/report.py "$JSONL" "$OUT/peers.md" "$OUT/peers.png"
