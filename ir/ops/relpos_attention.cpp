@@ -5,6 +5,7 @@
 // It is the oracle the fused tile kernels are checked against, so it stays plain loops in
 // double. Its gradient is the dedicated op relpos_attention_grad (the paper's equations).
 #include "ir/ops/kernel_util.hpp"
+#include "ir/ops/relpos_config.hpp"
 #include "runtime/relpos_map.hpp"
 
 #include <algorithm>
@@ -18,19 +19,8 @@ namespace {
 constexpr const char* op_name = "relpos_attention";
 constexpr const char* grad_name = "relpos_attention_grad";
 
-// The optional relation tables, in input order after q, k, v.
-enum Table { AQ, AK, BIAS };
 constexpr const char* table_names[] = {"aq", "ak", "bias"};
-
-// Everything the attrs and schemas fix: which tables are present, the map, mask and scale.
-struct Config {
-    RelposMap map;
-    bool has[3];
-    int table_at[3]; // input index of each present table, -1 when absent
-    bool causal;
-    double scale;
-    std::size_t inputs; // q, k, v and the present tables
-};
+using Config = RelposConfig;
 
 RelposMap make_map(const std::string& name, const Attrs& at, std::optional<std::int64_t> R,
                    std::string_view op) {
@@ -55,8 +45,9 @@ RelposMap make_map(const std::string& name, const Attrs& at, std::optional<std::
     return *m;
 }
 
-// Type rule of the forward inputs (q, k, v, tables); `op` names the op in messages.
-Config decode(std::span<const Schema> in, const Attrs& at, std::string_view op) {
+} // namespace
+
+RelposConfig relpos_decode(std::span<const Schema> in, const Attrs& at, std::string_view op) {
     bool has[3], causal;
     std::string map_name;
     try {
@@ -129,6 +120,34 @@ Config decode(std::span<const Schema> in, const Attrs& at, std::string_view op) 
             n};
 }
 
+RelposConfig relpos_check(std::span<const RaggedTensor> in, const Attrs& at, std::string_view op,
+                          bool with_dO) {
+    std::vector<Schema> schemas;
+    for (const auto& t : in.first(in.size() - with_dO)) schemas.push_back(t.schema());
+    RelposConfig cfg = relpos_decode(schemas, at, op);
+    const std::int64_t batch = in[0].batch();
+    auto length = [&](std::int64_t s) { return in[0].structure().size(s, 0); };
+    for (std::size_t t = 1; t < in.size(); ++t) {
+        if (t >= 3 && t < cfg.inputs) continue; // tables
+        const char* name = t == 1 ? "k" : t == 2 ? "v" : "dO";
+        if (in[t].batch() != batch)
+            fail(op, ": batch sizes differ: q has ", batch, " samples, ", name, " has ",
+                 in[t].batch());
+        for (std::int64_t s = 0; s < batch; ++s)
+            if (in[t].structure().size(s, 0) != length(s))
+                fail(op, ": sample ", s, ": q has N = ", length(s), " tokens but ", name, " has ",
+                     in[t].structure().size(s, 0));
+    }
+    if (cfg.map.name() == "identity")
+        for (std::int64_t s = 0; s < batch; ++s)
+            if (length(s) > cfg.map.saturation() + 1)
+                fail(op, ": sample ", s, " has N = ", length(s), " tokens but ", cfg.map.str(),
+                     " covers N <= L = ", cfg.map.saturation() + 1);
+    return cfg;
+}
+
+namespace {
+
 Schema output_schema(std::span<const Schema> in) {
     return {in[0].dtype, in[2].shape};
 }
@@ -178,23 +197,7 @@ struct Head {
 class Problem {
   public:
     Problem(std::span<const RaggedTensor> in, const Attrs& at, std::string_view op, bool with_dO)
-        : in_(in), cfg_(decode(schemas(in.first(in.size() - with_dO)), at, op)) {
-        for (std::size_t t = 1; t < in.size(); ++t) {
-            if (t >= 3 && t < cfg_.inputs) continue; // tables
-            const char* name = t == 1 ? "k" : t == 2 ? "v" : "dO";
-            if (in[t].batch() != batch())
-                fail(op, ": batch sizes differ: q has ", batch(), " samples, ", name, " has ",
-                     in[t].batch());
-            for (std::int64_t s = 0; s < batch(); ++s)
-                if (in[t].structure().size(s, 0) != length(s))
-                    fail(op, ": sample ", s, ": q has N = ", length(s), " tokens but ", name,
-                         " has ", in[t].structure().size(s, 0));
-        }
-        if (cfg_.map.name() == "identity")
-            for (std::int64_t s = 0; s < batch(); ++s)
-                if (length(s) > cfg_.map.saturation() + 1)
-                    fail(op, ": sample ", s, " has N = ", length(s), " tokens but ", cfg_.map.str(),
-                         " covers N <= L = ", cfg_.map.saturation() + 1);
+        : in_(in), cfg_(relpos_check(in, at, op, with_dO)) {
         for (const auto& t : in) vals_.push_back(t.to_f64());
     }
 
@@ -223,11 +226,6 @@ class Problem {
     }
 
   private:
-    static std::vector<Schema> schemas(std::span<const RaggedTensor> in) {
-        std::vector<Schema> s;
-        for (const auto& t : in) s.push_back(t.schema());
-        return s;
-    }
     std::vector<double> table(int t, std::int64_t h, std::size_t zeros) const {
         if (!cfg_.has[t]) return std::vector<double>(zeros, 0.0);
         return gather(vals_[std::size_t(cfg_.table_at[t])], view(std::size_t(cfg_.table_at[t]), 0),
@@ -358,7 +356,7 @@ const char* doc =
 void register_relpos_ops(OpTable& t) {
     t.add({op_name, 3, 6, doc,
            [](auto in, auto& at) {
-               decode(in, at, op_name);
+               relpos_decode(in, at, op_name);
                return output_schema(in);
            },
            forward,
@@ -377,7 +375,7 @@ void register_relpos_ops(OpTable& t) {
            "relpos_attention_grad(q, k, v, [aq], [ak], [bias], dO, same attrs, wrt=index): the "
            "gradient of relpos_attention with respect to input wrt, given the output cotangent dO",
            [](auto in, auto& at) {
-               Config c = decode(in.first(in.size() - 1), at, grad_name);
+               Config c = relpos_decode(in.first(in.size() - 1), at, grad_name);
                Schema want = output_schema(in);
                if (in.back() != want)
                    fail(grad_name, ": dO must be ", want.str(), " like the output, got ",

@@ -1,0 +1,393 @@
+#include "jit/kir.hpp"
+
+#include "runtime/error.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace rag::kir {
+namespace {
+
+Expr make(Op op, Type t, std::vector<Expr> args, std::int64_t i = 0, double f = 0) {
+    return Expr(std::make_shared<const Node>(Node{op, t, i, f, std::move(args)}));
+}
+
+bool is_const_int(const Expr& e) {
+    return e.node().op == Op::const_int;
+}
+
+// Integer literals meet floats as floats; anything else must already agree.
+void unify(Expr& a, Expr& b, const char* what) {
+    if (a.type() == Type::f32 && is_const_int(b)) b = Expr(double(b.node().i));
+    if (b.type() == Type::f32 && is_const_int(a)) a = Expr(double(a.node().i));
+    if (a.type() != b.type()) fail("kernel IR: operands of ", what, " have different types");
+}
+
+Expr arith(Op op, Expr a, Expr b, const char* what) {
+    unify(a, b, what);
+    if (a.type() == Type::i1) fail("kernel IR: ", what, " of booleans");
+    return make(op, a.type(), {a, b});
+}
+
+Expr compare(Op op, Expr a, Expr b, const char* what) {
+    unify(a, b, what);
+    return make(op, Type::i1, {a, b});
+}
+
+Expr logic(Op op, Expr a, Expr b, const char* what) {
+    if (a.type() != Type::i1 || b.type() != Type::i1) fail("kernel IR: ", what, " of non-booleans");
+    return make(op, Type::i1, {a, b});
+}
+
+Expr math(Op op, Expr x, const char* what) {
+    if (is_const_int(x)) x = Expr(double(x.node().i));
+    if (x.type() != Type::f32) fail("kernel IR: ", what, " of a non-float");
+    return make(op, Type::f32, {x});
+}
+
+} // namespace
+
+Type value_type(Elem e) {
+    return e == Elem::i64 ? Type::i64 : Type::f32;
+}
+
+Expr::Expr(std::int64_t v)
+    : n_(std::make_shared<const Node>(Node{Op::const_int, Type::i64, v, 0, {}})) {}
+Expr::Expr(double v)
+    : n_(std::make_shared<const Node>(Node{Op::const_float, Type::f32, 0, v, {}})) {}
+Type Expr::type() const {
+    return n_->type;
+}
+
+Expr operator+(Expr a, Expr b) {
+    return arith(Op::add, a, b, "+");
+}
+Expr operator-(Expr a, Expr b) {
+    return arith(Op::sub, a, b, "-");
+}
+Expr operator*(Expr a, Expr b) {
+    return arith(Op::mul, a, b, "*");
+}
+Expr operator/(Expr a, Expr b) {
+    return arith(Op::div, a, b, "/");
+}
+Expr operator%(Expr a, Expr b) {
+    if (a.type() != Type::i64 || b.type() != Type::i64) fail("kernel IR: % of non-integers");
+    return make(Op::rem, Type::i64, {a, b});
+}
+Expr operator-(Expr a) {
+    if (a.type() == Type::i64) return Expr(std::int64_t(0)) - a;
+    return math(Op::neg, a, "negation");
+}
+Expr operator<(Expr a, Expr b) {
+    return compare(Op::lt, a, b, "<");
+}
+Expr operator<=(Expr a, Expr b) {
+    return compare(Op::le, a, b, "<=");
+}
+Expr operator>(Expr a, Expr b) {
+    return compare(Op::gt, a, b, ">");
+}
+Expr operator>=(Expr a, Expr b) {
+    return compare(Op::ge, a, b, ">=");
+}
+Expr operator==(Expr a, Expr b) {
+    return compare(Op::eq, a, b, "==");
+}
+Expr operator!=(Expr a, Expr b) {
+    return compare(Op::ne, a, b, "!=");
+}
+Expr operator&&(Expr a, Expr b) {
+    return logic(Op::and_, a, b, "&&");
+}
+Expr operator||(Expr a, Expr b) {
+    return logic(Op::or_, a, b, "||");
+}
+Expr min(Expr a, Expr b) {
+    return arith(Op::min, a, b, "min");
+}
+Expr max(Expr a, Expr b) {
+    return arith(Op::max, a, b, "max");
+}
+Expr clamp(Expr x, Expr lo, Expr hi) {
+    return min(max(x, lo), hi);
+}
+Expr select(Expr c, Expr a, Expr b) {
+    if (c.type() != Type::i1) fail("kernel IR: select on a non-boolean");
+    unify(a, b, "select");
+    return make(Op::select, a.type(), {c, a, b});
+}
+Expr exp(Expr x) {
+    return math(Op::exp, x, "exp");
+}
+Expr log(Expr x) {
+    return math(Op::log, x, "log");
+}
+Expr sqrt(Expr x) {
+    return math(Op::sqrt, x, "sqrt");
+}
+Expr to_f32(Expr x) {
+    if (x.type() == Type::f32) return x;
+    return make(Op::to_f32, Type::f32, {x});
+}
+Expr to_i64(Expr x) {
+    if (x.type() == Type::i64) return x;
+    return make(Op::to_i64, Type::i64, {x});
+}
+Expr ceil_div(Expr a, Expr b) {
+    return (a + b - 1) / b;
+}
+
+std::size_t Kernel::globals() const {
+    std::size_t n = 0;
+    for (const auto& b : buffers) n += b.space == Space::global;
+    return n;
+}
+
+Builder::Builder(std::string name) {
+    k_.name = std::move(name);
+    open_.push_back(&k_.body);
+}
+
+Expr Builder::param(const std::string& name) {
+    k_.params.push_back(name);
+    return make(Op::param, Type::i64, {}, std::int64_t(k_.params.size() - 1));
+}
+
+int Builder::buffer(const std::string& name, Elem e) {
+    if (!k_.buffers.empty() && k_.buffers.back().space == Space::scratch)
+        fail("kernel IR ", k_.name, ": declare global buffers before scratch arrays");
+    k_.buffers.push_back({name, e, Space::global, {}});
+    return int(k_.buffers.size() - 1);
+}
+
+int Builder::scratch(const std::string& name, Expr size) {
+    if (size.type() != Type::i64) fail("kernel IR ", k_.name, ": scratch size must be an integer");
+    k_.buffers.push_back({name, Elem::f32, Space::scratch, size});
+    return int(k_.buffers.size() - 1);
+}
+
+Expr Builder::pid() const {
+    return make(Op::program_id, Type::i64, {});
+}
+
+Expr Builder::let(Expr v, const std::string& name) {
+    k_.lets.push_back(name.empty() ? "t" + std::to_string(k_.lets.size()) : name);
+    const auto id = std::int64_t(k_.lets.size() - 1);
+    block().push_back({Stmt::Kind::let, id, v, {}, {}, {}, {}, Loop::serial});
+    return make(Op::let, v.type(), {}, id);
+}
+
+int Builder::var(Type t, Expr init) {
+    k_.vars.push_back(t);
+    const int id = int(k_.vars.size() - 1);
+    set(id, init);
+    return id;
+}
+
+Expr Builder::get(int v) const {
+    return make(Op::var, k_.vars.at(std::size_t(v)), {}, v);
+}
+
+void Builder::set(int v, Expr e) {
+    Expr cur = get(v);
+    unify(cur, e, "assignment");
+    block().push_back({Stmt::Kind::assign, v, e, {}, {}, {}, {}, Loop::serial});
+}
+
+Expr Builder::load(int buf, Expr index) const {
+    if (index.type() != Type::i64) fail("kernel IR ", k_.name, ": index must be an integer");
+    const auto& b = k_.buffers.at(std::size_t(buf));
+    return make(Op::load, value_type(b.elem), {index}, buf);
+}
+
+void Builder::store(int buf, Expr index, Expr v) {
+    const auto& b = k_.buffers.at(std::size_t(buf));
+    if (value_type(b.elem) == Type::f32 && is_const_int(v)) v = Expr(double(v.node().i));
+    if (index.type() != Type::i64 || v.type() != value_type(b.elem))
+        fail("kernel IR ", k_.name, ": store to ", b.name, " of the wrong type");
+    block().push_back({Stmt::Kind::store, buf, index, v, {}, {}, {}, Loop::serial});
+}
+
+void Builder::nest(Stmt s, const std::function<void()>& fill_body,
+                   const std::function<void()>& fill_else) {
+    open_.push_back(&s.body);
+    fill_body();
+    open_.pop_back();
+    if (fill_else) {
+        open_.push_back(&s.orelse);
+        fill_else();
+        open_.pop_back();
+    }
+    block().push_back(std::move(s));
+}
+
+void Builder::loop(Expr lo, Expr hi, const std::function<void(Expr)>& body, Loop kind) {
+    if (lo.type() != Type::i64 || hi.type() != Type::i64)
+        fail("kernel IR ", k_.name, ": loop bounds must be integers");
+    k_.lets.push_back("i" + std::to_string(k_.lets.size()));
+    const auto id = std::int64_t(k_.lets.size() - 1);
+    Expr index = make(Op::let, Type::i64, {}, id);
+    nest({Stmt::Kind::loop, id, lo, hi, {}, {}, {}, kind}, [&] { body(index); }, {});
+}
+
+void Builder::when(Expr cond, const std::function<void()>& then,
+                   const std::function<void()>& otherwise) {
+    if (cond.type() != Type::i1) fail("kernel IR ", k_.name, ": condition must be a boolean");
+    nest({Stmt::Kind::branch, 0, cond, {}, {}, {}, {}, Loop::serial}, then, otherwise);
+}
+
+Kernel Builder::finish() {
+    if (open_.size() != 1) fail("kernel IR ", k_.name, ": unclosed block");
+    return k_;
+}
+
+std::int64_t evaluate(const Expr& e, std::span<const std::int64_t> params) {
+    const Node& n = e.node();
+    auto arg = [&](std::size_t k) { return evaluate(n.args[k], params); };
+    switch (n.op) {
+    case Op::const_int:
+        return n.i;
+    case Op::param:
+        return params[std::size_t(n.i)];
+    case Op::add:
+        return arg(0) + arg(1);
+    case Op::sub:
+        return arg(0) - arg(1);
+    case Op::mul:
+        return arg(0) * arg(1);
+    case Op::div:
+        return arg(0) / arg(1);
+    case Op::rem:
+        return arg(0) % arg(1);
+    case Op::min:
+        return std::min(arg(0), arg(1));
+    case Op::max:
+        return std::max(arg(0), arg(1));
+    default:
+        fail("kernel IR: a scratch size may use only parameters, constants and + - * / min max");
+    }
+}
+
+namespace {
+
+const char* op_name(Op op) {
+    static const char* names[] = {"",    "",     "",    "",    "",      "pid", "",    "+",
+                                  "-",   "*",    "/",   "%",   "min",   "max", "<",   "<=",
+                                  ">",   ">=",   "==",  "!=",  "&&",    "||",  "neg", "exp",
+                                  "log", "sqrt", "f32", "i64", "select"};
+    return names[int(op)];
+}
+
+void print_expr(std::ostream& os, const Kernel& k, const Expr& e) {
+    const Node& n = e.node();
+    switch (n.op) {
+    case Op::const_int:
+        os << n.i;
+        return;
+    case Op::const_float:
+        os << n.f << "f";
+        return;
+    case Op::param:
+        os << k.params[std::size_t(n.i)];
+        return;
+    case Op::let:
+        os << k.lets[std::size_t(n.i)];
+        return;
+    case Op::var:
+        os << "v" << n.i;
+        return;
+    case Op::program_id:
+        os << "pid";
+        return;
+    case Op::load:
+        os << k.buffers[std::size_t(n.i)].name << "[";
+        print_expr(os, k, n.args[0]);
+        os << "]";
+        return;
+    default:
+        break;
+    }
+    const bool infix = n.args.size() == 2 && n.op != Op::min && n.op != Op::max;
+    if (infix) {
+        os << "(";
+        print_expr(os, k, n.args[0]);
+        os << " " << op_name(n.op) << " ";
+        print_expr(os, k, n.args[1]);
+        os << ")";
+        return;
+    }
+    os << op_name(n.op) << "(";
+    for (std::size_t a = 0; a < n.args.size(); ++a) {
+        if (a) os << ", ";
+        print_expr(os, k, n.args[a]);
+    }
+    os << ")";
+}
+
+void print_block(std::ostream& os, const Kernel& k, const std::vector<Stmt>& body, int depth) {
+    const std::string pad(std::size_t(depth * 2), ' ');
+    for (const Stmt& s : body) {
+        os << pad;
+        switch (s.kind) {
+        case Stmt::Kind::let:
+            os << "let " << k.lets[std::size_t(s.id)] << " = ";
+            break;
+        case Stmt::Kind::assign:
+            os << "v" << s.id << " = ";
+            break;
+        case Stmt::Kind::store:
+            os << k.buffers[std::size_t(s.id)].name << "[";
+            print_expr(os, k, s.a);
+            os << "] = ";
+            print_expr(os, k, s.b);
+            os << "\n";
+            continue;
+        case Stmt::Kind::loop:
+            os << (s.loop == Loop::threads ? "threads " : "for ") << k.lets[std::size_t(s.id)]
+               << " in ";
+            print_expr(os, k, s.a);
+            os << " .. ";
+            print_expr(os, k, s.b);
+            os << ":\n";
+            print_block(os, k, s.body, depth + 1);
+            continue;
+        case Stmt::Kind::branch:
+            os << "if ";
+            print_expr(os, k, s.a);
+            os << ":\n";
+            print_block(os, k, s.body, depth + 1);
+            if (!s.orelse.empty()) {
+                os << pad << "else:\n";
+                print_block(os, k, s.orelse, depth + 1);
+            }
+            continue;
+        }
+        print_expr(os, k, s.a);
+        os << "\n";
+    }
+}
+
+} // namespace
+
+std::string print(const Kernel& k) {
+    std::ostringstream os;
+    os << "kernel " << k.name << "(";
+    for (std::size_t p = 0; p < k.params.size(); ++p) os << (p ? ", " : "") << k.params[p];
+    os << ")\n";
+    static const char* elems[] = {"f32", "f64", "f16", "bf16", "i64"};
+    for (const auto& b : k.buffers) {
+        os << "  " << (b.space == Space::global ? "global " : "scratch ") << b.name << ": "
+           << elems[int(b.elem)];
+        if (b.space == Space::scratch) {
+            os << "[";
+            print_expr(os, k, b.size);
+            os << "]";
+        }
+        os << "\n";
+    }
+    print_block(os, k, k.body, 1);
+    return os.str();
+}
+
+} // namespace rag::kir

@@ -1,0 +1,177 @@
+// The kernel IR (ARCHITECTURE.md decision 5): a small loop-level language in which
+// hand-scheduled kernels (relative-position attention) are written once as tile programs and
+// lowered by LLVM both to CPU code (jit/kir_llvm.cpp) and to PTX.
+//
+// A kernel is a body run once per *program instance* pid in [0, grid), as a thread block on a
+// GPU and a loop iteration on a CPU core. Instances are independent: each writes its own
+// outputs, so any schedule gives the same bits. Inside, the body has
+//   - i64 scalar parameters (lengths, strides: runtime data, never baked into code),
+//   - global buffers of a storage element type (loads widen to f32 or i64, stores narrow),
+//   - scratch arrays: f32 per program instance, their size an expression of the parameters,
+//   - immutable lets, mutable scalar variables, stores, counted loops and conditionals.
+// A loop marked `threads` promises that its iterations are independent and touch disjoint
+// scratch: the GPU lowering spreads it over the block's threads (with a barrier after it), the
+// CPU lowering runs it in order. This header knows nothing of LLVM.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace rag::kir {
+
+enum class Type : std::uint8_t { i1, i64, f32 };
+enum class Elem : std::uint8_t { f32, f64, f16, bf16, i64 };
+Type value_type(Elem e); // what a load of e gives: f32 for floats, i64 for i64
+
+enum class Op : std::uint8_t {
+    const_int,
+    const_float,
+    param,
+    let,
+    var,
+    program_id,
+    load, // leaves
+    add,
+    sub,
+    mul,
+    div,
+    rem,
+    min,
+    max,
+    lt,
+    le,
+    gt,
+    ge,
+    eq,
+    ne,
+    and_,
+    or_, // binary
+    neg,
+    exp,
+    log,
+    sqrt,
+    to_f32,
+    to_i64, // unary
+    select, // ternary
+};
+
+struct Node;
+// An expression: an immutable tree shared by value.
+class Expr {
+  public:
+    Expr() = default;
+    Expr(std::int64_t v); // NOLINT: integer literals are i64 constants
+    Expr(int v) : Expr(std::int64_t(v)) {}
+    Expr(double v); // NOLINT: floating literals are f32 constants
+    explicit Expr(std::shared_ptr<const Node> n) : n_(std::move(n)) {}
+
+    const Node& node() const { return *n_; }
+    Type type() const;
+    bool defined() const { return bool(n_); }
+
+  private:
+    std::shared_ptr<const Node> n_;
+};
+
+struct Node {
+    Op op;
+    Type type;
+    std::int64_t i = 0; // constant value, or the index of the param, let, var or buffer
+    double f = 0;
+    std::vector<Expr> args;
+};
+
+Expr operator+(Expr a, Expr b);
+Expr operator-(Expr a, Expr b);
+Expr operator*(Expr a, Expr b);
+Expr operator/(Expr a, Expr b); // i64: truncating; f32: IEEE
+Expr operator%(Expr a, Expr b); // i64 only
+Expr operator-(Expr a);
+Expr operator<(Expr a, Expr b);
+Expr operator<=(Expr a, Expr b);
+Expr operator>(Expr a, Expr b);
+Expr operator>=(Expr a, Expr b);
+Expr operator==(Expr a, Expr b);
+Expr operator!=(Expr a, Expr b);
+Expr operator&&(Expr a, Expr b);
+Expr operator||(Expr a, Expr b);
+Expr min(Expr a, Expr b);
+Expr max(Expr a, Expr b);
+Expr clamp(Expr x, Expr lo, Expr hi);
+Expr select(Expr c, Expr a, Expr b);
+Expr exp(Expr x);
+Expr log(Expr x);
+Expr sqrt(Expr x);
+Expr to_f32(Expr x);
+Expr to_i64(Expr x); // truncating
+Expr ceil_div(Expr a, Expr b);
+
+enum class Loop : std::uint8_t { serial, threads };
+enum class Space : std::uint8_t { global, scratch };
+
+struct Stmt {
+    enum class Kind : std::uint8_t { let, assign, store, loop, branch } kind;
+    std::int64_t id = 0; // let / var / buffer index; the loop's index let
+    Expr a, b, c;        // let: a; assign: a; store: index a, value b; loop: lo a, hi b; if: a
+    std::vector<Stmt> body, orelse;
+    Loop loop = Loop::serial;
+};
+
+struct BufferDecl {
+    std::string name;
+    Elem elem;
+    Space space;
+    Expr size; // scratch: elements per program instance, from params and constants
+};
+
+struct Kernel {
+    std::string name;
+    std::vector<std::string> params; // i64 scalars
+    std::vector<BufferDecl> buffers; // globals first, in launch order, then scratch
+    std::vector<Type> vars;          // mutable scalars, zero until assigned
+    std::vector<std::string> lets;   // names, for printing
+    std::vector<Stmt> body;
+
+    std::size_t globals() const; // how many buffers a launch passes
+};
+
+// Writes kernels as C++ code: each call appends to the innermost open block.
+class Builder {
+  public:
+    explicit Builder(std::string name);
+
+    Expr param(const std::string& name);
+    int buffer(const std::string& name, Elem e);     // a global buffer, passed at launch
+    int scratch(const std::string& name, Expr size); // an f32 array per program instance
+    Expr pid() const;
+
+    Expr let(Expr v, const std::string& name = "");
+    int var(Type t, Expr init);
+    Expr get(int var) const;
+    void set(int var, Expr v);
+    Expr load(int buf, Expr index) const;
+    void store(int buf, Expr index, Expr v);
+    void add_to(int buf, Expr index, Expr v) { store(buf, index, load(buf, index) + v); }
+    void loop(Expr lo, Expr hi, const std::function<void(Expr)>& body, Loop kind = Loop::serial);
+    void when(Expr cond, const std::function<void()>& then,
+              const std::function<void()>& otherwise = {});
+
+    Kernel finish(); // checks the kernel (rag::Error naming the kernel on misuse)
+
+  private:
+    std::vector<Stmt>& block() { return *open_.back(); }
+    void nest(Stmt s, const std::function<void()>& fill_body,
+              const std::function<void()>& fill_else);
+
+    Kernel k_;
+    std::vector<std::vector<Stmt>*> open_;
+};
+
+// The value of an expression over parameters and constants (scratch sizes, on the host).
+std::int64_t evaluate(const Expr& e, std::span<const std::int64_t> params);
+std::string print(const Kernel& k);
+
+} // namespace rag::kir

@@ -1,0 +1,379 @@
+#include "jit/kir_llvm.hpp"
+
+#include "jit/kir_cpu.hpp"
+#include "jit/llvm_jit.hpp"
+#include "runtime/error.hpp"
+#include "runtime/memory.hpp"
+#include "runtime/parallel.hpp"
+
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <atomic>
+#include <cstdlib>
+
+namespace rag::jit {
+
+using kir::Op;
+using kir::Stmt;
+
+KirLowering::KirLowering(llvm::Module& m, const kir::Kernel& k) : m_(m), k_(k), b_(m.getContext()) {
+    // Sums may be reassociated (vectorised dot products) and contracted into FMAs: the order
+    // is still fixed at compile time, so every run of the same code gives the same bits.
+    // Infinities stay meaningful: masked scores are -inf.
+    llvm::FastMathFlags fmf;
+    fmf.setAllowReassoc();
+    fmf.setAllowContract();
+    fmf.setNoSignedZeros();
+    b_.setFastMathFlags(fmf);
+}
+
+llvm::Type* KirLowering::type(kir::Type t) {
+    switch (t) {
+    case kir::Type::i1:
+        return b_.getInt1Ty();
+    case kir::Type::i64:
+        return b_.getInt64Ty();
+    case kir::Type::f32:
+        return b_.getFloatTy();
+    }
+    return nullptr;
+}
+
+void KirLowering::emit_body(llvm::Value* pid, std::vector<llvm::Value*> params,
+                            std::vector<llvm::Value*> buffers) {
+    pid_ = pid;
+    params_ = std::move(params);
+    buffers_ = std::move(buffers);
+    // Mutable scalars live in entry-block allocas, which mem2reg turns into registers.
+    llvm::Function* fn = b_.GetInsertBlock()->getParent();
+    llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+    vars_.clear();
+    for (kir::Type t : k_.vars) vars_.push_back(entry.CreateAlloca(type(t)));
+    lets_.clear();
+    emit(k_.body);
+}
+
+llvm::Value* KirLowering::emit_param_expr(const kir::Expr& e,
+                                          const std::vector<llvm::Value*>& params) {
+    params_ = params;
+    return value(e);
+}
+
+void KirLowering::emit(const std::vector<Stmt>& body) {
+    for (const Stmt& s : body) emit(s);
+}
+
+void KirLowering::emit(const Stmt& s) {
+    switch (s.kind) {
+    case Stmt::Kind::let:
+        lets_[s.id] = value(s.a);
+        return;
+    case Stmt::Kind::assign:
+        b_.CreateStore(value(s.a), vars_[std::size_t(s.id)]);
+        return;
+    case Stmt::Kind::store:
+        store(s);
+        return;
+    case Stmt::Kind::loop:
+        if (s.loop == kir::Loop::threads)
+            threads_loop(s);
+        else
+            serial_loop(s, value(s.a), value(s.b), b_.getInt64(1));
+        return;
+    case Stmt::Kind::branch: {
+        llvm::Function* fn = b_.GetInsertBlock()->getParent();
+        auto& ctx = m_.getContext();
+        auto* then = llvm::BasicBlock::Create(ctx, "then", fn);
+        auto* orelse = llvm::BasicBlock::Create(ctx, "else", fn);
+        auto* merge = llvm::BasicBlock::Create(ctx, "endif", fn);
+        b_.CreateCondBr(value(s.a), then, orelse);
+        b_.SetInsertPoint(then);
+        emit(s.body);
+        b_.CreateBr(merge);
+        b_.SetInsertPoint(orelse);
+        emit(s.orelse);
+        b_.CreateBr(merge);
+        b_.SetInsertPoint(merge);
+        return;
+    }
+    }
+}
+
+void KirLowering::threads_loop(const Stmt& s) {
+    serial_loop(s, value(s.a), value(s.b), b_.getInt64(1));
+}
+
+void KirLowering::serial_loop(const Stmt& s, llvm::Value* lo, llvm::Value* hi, llvm::Value* step) {
+    llvm::Function* fn = b_.GetInsertBlock()->getParent();
+    auto& ctx = m_.getContext();
+    auto* pre = b_.GetInsertBlock();
+    auto* head = llvm::BasicBlock::Create(ctx, "loop", fn);
+    auto* body = llvm::BasicBlock::Create(ctx, "body", fn);
+    auto* exit = llvm::BasicBlock::Create(ctx, "endloop", fn);
+    b_.CreateBr(head);
+    b_.SetInsertPoint(head);
+    auto* i = b_.CreatePHI(b_.getInt64Ty(), 2);
+    i->addIncoming(lo, pre);
+    b_.CreateCondBr(b_.CreateICmpSLT(i, hi), body, exit);
+    b_.SetInsertPoint(body);
+    lets_[s.id] = i;
+    emit(s.body);
+    i->addIncoming(b_.CreateAdd(i, step), b_.GetInsertBlock());
+    b_.CreateBr(head);
+    b_.SetInsertPoint(exit);
+}
+
+llvm::Value* KirLowering::math(Op op, llvm::Value* x) {
+    const auto id = op == Op::exp   ? llvm::Intrinsic::exp
+                    : op == Op::log ? llvm::Intrinsic::log
+                                    : llvm::Intrinsic::sqrt;
+    return b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id, {x->getType()}), {x});
+}
+
+llvm::Value* KirLowering::load(const kir::Node& n) {
+    const auto& buf = k_.buffers[std::size_t(n.i)];
+    llvm::Value* at = value(n.args[0]);
+    llvm::Value* base = buffers_[std::size_t(n.i)];
+    switch (buf.elem) {
+    case kir::Elem::f32:
+        return b_.CreateLoad(b_.getFloatTy(), b_.CreateGEP(b_.getFloatTy(), base, at));
+    case kir::Elem::f64:
+        return b_.CreateFPTrunc(
+            b_.CreateLoad(b_.getDoubleTy(), b_.CreateGEP(b_.getDoubleTy(), base, at)),
+            b_.getFloatTy());
+    case kir::Elem::f16:
+        return b_.CreateFPExt(b_.CreateLoad(b_.getHalfTy(), b_.CreateGEP(b_.getHalfTy(), base, at)),
+                              b_.getFloatTy());
+    case kir::Elem::bf16: { // the upper half of an f32
+        llvm::Value* bits = b_.CreateLoad(b_.getInt16Ty(), b_.CreateGEP(b_.getInt16Ty(), base, at));
+        bits = b_.CreateShl(b_.CreateZExt(bits, b_.getInt32Ty()), 16);
+        return b_.CreateBitCast(bits, b_.getFloatTy());
+    }
+    case kir::Elem::i64:
+        return b_.CreateLoad(b_.getInt64Ty(), b_.CreateGEP(b_.getInt64Ty(), base, at));
+    }
+    return nullptr;
+}
+
+void KirLowering::store(const Stmt& s) {
+    const auto& buf = k_.buffers[std::size_t(s.id)];
+    llvm::Value* at = value(s.a);
+    llvm::Value* v = value(s.b);
+    llvm::Value* base = buffers_[std::size_t(s.id)];
+    llvm::Type* t = nullptr;
+    switch (buf.elem) {
+    case kir::Elem::f32:
+    case kir::Elem::i64:
+        t = v->getType();
+        break;
+    case kir::Elem::f64:
+        t = b_.getDoubleTy();
+        v = b_.CreateFPExt(v, t);
+        break;
+    case kir::Elem::f16:
+        t = b_.getHalfTy();
+        v = b_.CreateFPTrunc(v, t);
+        break;
+    case kir::Elem::bf16: { // round to nearest even, as runtime/dtype.cpp does
+        llvm::Value* bits = b_.CreateBitCast(v, b_.getInt32Ty());
+        llvm::Value* odd = b_.CreateAnd(b_.CreateLShr(bits, 16), 1);
+        bits = b_.CreateAdd(bits, b_.CreateAdd(b_.getInt32(0x7fff), odd));
+        t = b_.getInt16Ty();
+        v = b_.CreateTrunc(b_.CreateLShr(bits, 16), t);
+        break;
+    }
+    }
+    b_.CreateStore(v, b_.CreateGEP(t, base, at));
+}
+
+llvm::Value* KirLowering::value(const kir::Expr& e) {
+    const kir::Node& n = e.node();
+    switch (n.op) {
+    case Op::const_int:
+        return b_.getInt64(std::uint64_t(n.i));
+    case Op::const_float:
+        return llvm::ConstantFP::get(b_.getFloatTy(), n.f);
+    case Op::param:
+        return params_.at(std::size_t(n.i));
+    case Op::let:
+        return lets_.at(n.i);
+    case Op::var:
+        return b_.CreateLoad(type(n.type), vars_[std::size_t(n.i)]);
+    case Op::program_id:
+        return pid_;
+    case Op::load:
+        return load(n);
+    default:
+        break;
+    }
+    std::vector<llvm::Value*> a;
+    for (const auto& x : n.args) a.push_back(value(x));
+    const bool fp = !n.args.empty() && n.args[0].type() == kir::Type::f32;
+    switch (n.op) {
+    case Op::add:
+        return fp ? b_.CreateFAdd(a[0], a[1]) : b_.CreateAdd(a[0], a[1]);
+    case Op::sub:
+        return fp ? b_.CreateFSub(a[0], a[1]) : b_.CreateSub(a[0], a[1]);
+    case Op::mul:
+        return fp ? b_.CreateFMul(a[0], a[1]) : b_.CreateMul(a[0], a[1]);
+    case Op::div:
+        return fp ? b_.CreateFDiv(a[0], a[1]) : b_.CreateSDiv(a[0], a[1]);
+    case Op::rem:
+        return b_.CreateSRem(a[0], a[1]);
+    // Written as compare + select (not minnum), which every target lowers and vectorises.
+    case Op::min:
+        return b_.CreateSelect(fp ? b_.CreateFCmpOLT(a[1], a[0]) : b_.CreateICmpSLT(a[1], a[0]),
+                               a[1], a[0]);
+    case Op::max:
+        return b_.CreateSelect(fp ? b_.CreateFCmpOGT(a[1], a[0]) : b_.CreateICmpSGT(a[1], a[0]),
+                               a[1], a[0]);
+    case Op::lt:
+        return fp ? b_.CreateFCmpOLT(a[0], a[1]) : b_.CreateICmpSLT(a[0], a[1]);
+    case Op::le:
+        return fp ? b_.CreateFCmpOLE(a[0], a[1]) : b_.CreateICmpSLE(a[0], a[1]);
+    case Op::gt:
+        return fp ? b_.CreateFCmpOGT(a[0], a[1]) : b_.CreateICmpSGT(a[0], a[1]);
+    case Op::ge:
+        return fp ? b_.CreateFCmpOGE(a[0], a[1]) : b_.CreateICmpSGE(a[0], a[1]);
+    case Op::eq:
+        return fp ? b_.CreateFCmpOEQ(a[0], a[1]) : b_.CreateICmpEQ(a[0], a[1]);
+    case Op::ne:
+        return fp ? b_.CreateFCmpUNE(a[0], a[1]) : b_.CreateICmpNE(a[0], a[1]);
+    case Op::and_:
+        return b_.CreateAnd(a[0], a[1]);
+    case Op::or_:
+        return b_.CreateOr(a[0], a[1]);
+    case Op::neg:
+        return b_.CreateFNeg(a[0]);
+    case Op::exp:
+    case Op::log:
+    case Op::sqrt:
+        return math(n.op, a[0]);
+    case Op::to_f32:
+        return b_.CreateSIToFP(a[0], b_.getFloatTy());
+    case Op::to_i64:
+        return b_.CreateFPToSI(a[0], b_.getInt64Ty());
+    case Op::select:
+        return b_.CreateSelect(a[0], a[1], a[2]);
+    default:
+        break;
+    }
+    fail("internal: kernel IR op ", int(n.op), " has no lowering");
+}
+
+namespace {
+
+using Entry = void (*)(std::int64_t begin, std::int64_t end, void* const* buffers,
+                       const std::int64_t* params, char* scratch);
+
+// The CPU wrapper: void name(begin, end, buffers, params, scratch) runs instances
+// begin .. end - 1 one after another; scratch arrays are carved from `scratch` at 64-byte
+// aligned offsets computed from the parameters.
+class CpuLowering final : public KirLowering {
+  public:
+    using KirLowering::KirLowering;
+
+    void build(const std::string& name) {
+        auto& ctx = m_.getContext();
+        auto* i64 = b_.getInt64Ty();
+        auto* ptr = llvm::PointerType::get(ctx, 0);
+        auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr}, false);
+        auto* fn = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+        auto args = fn->arg_begin();
+        llvm::Value *begin = args++, *end = args++, *bufs = args++, *pars = args++,
+                    *scratch = args++;
+        b_.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", fn));
+        std::vector<llvm::Value*> params, buffers;
+        for (std::size_t p = 0; p < k_.params.size(); ++p)
+            params.push_back(b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, pars, p)));
+        llvm::Value* offset = b_.getInt64(0);
+        std::size_t global = 0;
+        for (const auto& buf : k_.buffers) {
+            if (buf.space == kir::Space::global) {
+                buffers.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, bufs, global++)));
+                continue;
+            }
+            buffers.push_back(b_.CreateGEP(b_.getInt8Ty(), scratch, offset));
+            llvm::Value* bytes = b_.CreateMul(emit_param_expr(buf.size, params), b_.getInt64(4));
+            offset = b_.CreateAnd(b_.CreateAdd(b_.CreateAdd(offset, bytes), b_.getInt64(63)),
+                                  b_.getInt64(~std::int64_t(63)));
+        }
+        auto* pre = b_.GetInsertBlock();
+        auto* head = llvm::BasicBlock::Create(ctx, "instances", fn);
+        auto* body = llvm::BasicBlock::Create(ctx, "instance", fn);
+        auto* exit = llvm::BasicBlock::Create(ctx, "done", fn);
+        b_.CreateBr(head);
+        b_.SetInsertPoint(head);
+        auto* pid = b_.CreatePHI(i64, 2);
+        pid->addIncoming(begin, pre);
+        b_.CreateCondBr(b_.CreateICmpSLT(pid, end), body, exit);
+        b_.SetInsertPoint(body);
+        emit_body(pid, params, buffers);
+        pid->addIncoming(b_.CreateAdd(pid, b_.getInt64(1)), b_.GetInsertBlock());
+        b_.CreateBr(head);
+        b_.SetInsertPoint(exit);
+        b_.CreateRetVoid();
+    }
+};
+
+class CompiledCpuKernel final : public CpuKernel {
+  public:
+    explicit CompiledCpuKernel(const kir::Kernel& k) : k_(k) {
+        static std::atomic<int> counter{0};
+        const std::string name = "kir_" + std::to_string(counter++) + "_" + k.name;
+        auto ctx = std::make_unique<llvm::LLVMContext>();
+        auto m = new_module(name, *ctx);
+        CpuLowering(*m, k_).build(name + "0");
+        std::string err;
+        llvm::raw_string_ostream es(err);
+        if (llvm::verifyModule(*m, &es))
+            fail("internal: kernel ", k.name, " lowered to invalid LLVM IR: ", es.str());
+        entry_ = reinterpret_cast<Entry>(
+            add_module(std::move(m), std::move(ctx), 1, name, &ir_, &tracker_).at(0));
+    }
+    ~CompiledCpuKernel() override { remove_module(tracker_); }
+
+    const std::string& llvm_ir() const override { return ir_; }
+
+    void launch(std::int64_t grid, std::span<void* const> buffers,
+                std::span<const std::int64_t> params) const override {
+        if (buffers.size() != k_.globals() || params.size() != k_.params.size())
+            fail("internal: kernel ", k_.name, " launched with ", buffers.size(), " buffers and ",
+                 params.size(), " parameters, wants ", k_.globals(), " and ", k_.params.size());
+        std::size_t scratch = 0;
+        for (const auto& b : k_.buffers)
+            if (b.space == kir::Space::scratch)
+                scratch = (scratch + std::size_t(kir::evaluate(b.size, params)) * 4 + 63) / 64 * 64;
+        const int workers = int(std::min<std::int64_t>(num_threads(), grid));
+        std::atomic<std::int64_t> next{0};
+        // Each worker takes the next instance (ragged tiles differ in cost) into its own scratch.
+        parallel_for(workers, 1, [&](std::int64_t wb, std::int64_t we) {
+            for (std::int64_t w = wb; w < we; ++w) {
+                const std::size_t bytes = std::max<std::size_t>(scratch, 64);
+                char* mem = static_cast<char*>(std::aligned_alloc(64, bytes));
+                if (!mem) fail(k_.name, ": out of memory allocating ", bytes, " bytes of scratch");
+                memory::allocated(bytes);
+                for (std::int64_t pid; (pid = next++) < grid;)
+                    entry_(pid, pid + 1, buffers.data(), params.data(), mem);
+                memory::freed(bytes);
+                std::free(mem);
+            }
+        });
+    }
+
+  private:
+    kir::Kernel k_;
+    Entry entry_ = nullptr;
+    std::string ir_;
+    llvm::orc::ResourceTrackerSP tracker_;
+};
+
+} // namespace
+
+std::unique_ptr<CpuKernel> compile_kernel_cpu(const kir::Kernel& k) {
+    return std::make_unique<CompiledCpuKernel>(k);
+}
+
+} // namespace rag::jit

@@ -1,0 +1,56 @@
+// Lowering of the kernel IR (jit/kir.hpp) into LLVM IR, shared by the CPU and NVPTX targets
+// (internal to jit/). A target makes the function and its entry values (program id,
+// parameters, buffer pointers), then calls emit_body; it overrides the hooks where its code
+// differs: math functions, and how a `threads` loop is spread.
+#pragma once
+#include "jit/kir.hpp"
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+
+#include <map>
+
+namespace rag::jit {
+
+class KirLowering {
+  public:
+    KirLowering(llvm::Module& m, const kir::Kernel& k);
+    virtual ~KirLowering() = default;
+
+    // Emits the kernel body at the builder's insertion point. `buffers` holds one pointer per
+    // buffer of the kernel (globals, then scratch); `params` one i64 per parameter.
+    void emit_body(llvm::Value* pid, std::vector<llvm::Value*> params,
+                   std::vector<llvm::Value*> buffers);
+    // The value of an expression over parameters only (scratch sizes, in a target's wrapper).
+    llvm::Value* emit_param_expr(const kir::Expr& e, const std::vector<llvm::Value*>& params);
+
+    llvm::IRBuilder<>& builder() { return b_; }
+
+  protected:
+    // exp, log, sqrt of an f32 value. Default: LLVM intrinsics (the host's libm / libmvec).
+    virtual llvm::Value* math(kir::Op op, llvm::Value* x);
+    // A `threads` loop. Default: an ordinary serial loop.
+    virtual void threads_loop(const kir::Stmt& s);
+    // A store statement. Default: the store itself (the GPU guards stores in serial code).
+    virtual void store(const kir::Stmt& s);
+
+    // An ordinary counted loop over [lo, hi) binding the statement's index.
+    void serial_loop(const kir::Stmt& s, llvm::Value* lo, llvm::Value* hi, llvm::Value* step);
+    void emit(const std::vector<kir::Stmt>& body);
+    llvm::Value* value(const kir::Expr& e);
+
+    llvm::Module& m_;
+    const kir::Kernel& k_;
+    llvm::IRBuilder<> b_;
+
+  private:
+    void emit(const kir::Stmt& s);
+    llvm::Value* load(const kir::Node& n);
+    llvm::Type* type(kir::Type t);
+
+    llvm::Value* pid_ = nullptr;
+    std::vector<llvm::Value*> params_, buffers_, vars_;
+    std::map<std::int64_t, llvm::Value*> lets_;
+};
+
+} // namespace rag::jit

@@ -1,0 +1,476 @@
+#include "jit/relpos_programs.hpp"
+
+#include <cmath>
+
+namespace rag::jit {
+namespace {
+
+using kir::Builder;
+using kir::Expr;
+using kir::Loop;
+using kir::Type;
+
+kir::Elem elem_of(DType t) {
+    switch (t) {
+    case DType::f16:
+        return kir::Elem::f16;
+    case DType::bf16:
+        return kir::Elem::bf16;
+    case DType::f64:
+        return kir::Elem::f64;
+    default:
+        return kir::Elem::f32;
+    }
+}
+
+const double minus_inf = -INFINITY;
+
+// What every program shares: parameters, the input buffers, the strip it owns, and the
+// arithmetic of scores. Buffers are declared in the documented launch order.
+struct Program {
+    Builder b;
+    const RelposShape& s;
+    Expr H, Delta, U, G, W, WJ;
+    int q, k, v, eq, ek, eb, tiles;
+    Expr tile, h, o, n, start;
+
+    Program(const char* name, const RelposShape& shape) : b(name), s(shape) {
+        H = b.param("H");
+        Delta = b.param("Delta");
+        U = b.param("U");
+        G = b.param("G");
+        W = b.param("W");
+        WJ = min(G + RelposShape::J - 1, U); // rows a (strip, tile) pair reaches
+        const kir::Elem e = elem_of(s.dtype);
+        q = b.buffer("q", e);
+        k = b.buffer("k", e);
+        v = b.buffer("v", e);
+        eq = b.buffer("eq", kir::Elem::f32);
+        ek = b.buffer("ek", kir::Elem::f32);
+        eb = b.buffer("eb", kir::Elem::f32);
+        tiles = b.buffer("tiles", kir::Elem::i64);
+    }
+
+    // After the buffers: which strip and head this instance owns.
+    void own_strip() {
+        tile = b.let(b.pid() / H, "tile");
+        h = b.let(b.pid() % H, "h");
+        o = b.let(b.load(tiles, tile * 3), "o");
+        n = b.let(b.load(tiles, tile * 3 + 1), "n");
+        start = b.let(b.load(tiles, tile * 3 + 2), "start");
+    }
+
+    // The expanded row of offset delta.
+    Expr row(Expr delta) { return clamp(delta, -Delta, Delta) + Delta; }
+    // The row a pair reads. Under a causal mask a key after its query (delta < 0) is masked
+    // whatever it reads: it reads row(0), which its strip's projections cover.
+    Expr pair_row(Expr delta) { return row(s.causal ? max(delta, 0) : delta); }
+    // Element x of head h of token i of a [T, H, width] buffer.
+    Expr at(Expr i, Expr x, std::int64_t width) { return ((o + i) * H + h) * width + x; }
+    Expr table(Expr u, Expr x) { return (h * U + u) * s.D + x; }
+
+    Expr dot(int a, Expr a0, int c, Expr c0, std::int64_t len) {
+        int acc = b.var(Type::f32, 0.0);
+        b.loop(0, len,
+               [&](Expr x) { b.set(acc, b.get(acc) + b.load(a, a0 + x) * b.load(c, c0 + x)); });
+        return b.let(b.get(acc));
+    }
+
+    // Copies rows [first, first + count) of a [T, H, width] buffer into scratch dst.
+    void stage(int dst, int src, Expr first, Expr count, std::int64_t width) {
+        b.loop(
+            0, count,
+            [&](Expr r) {
+                b.loop(0, width, [&](Expr x) {
+                    b.store(dst, r * width + x, b.load(src, at(first + r, x, width)));
+                });
+            },
+            Loop::threads);
+    }
+
+    // proj[r * stride + w] = src row r . table row lo + w (+ bias) for r < count, w < rows.
+    void project(int proj, Expr stride, int src, Expr count, int tab, Expr lo, Expr rows,
+                 bool with_bias) {
+        b.loop(
+            0, count,
+            [&](Expr r) {
+                b.loop(0, rows, [&](Expr w) {
+                    Expr z = dot(src, r * s.D, tab, table(lo + w, 0), s.D);
+                    if (with_bias) z = z + b.load(eb, h * U + lo + w);
+                    b.store(proj, r * stride + w, z);
+                });
+            },
+            Loop::threads);
+    }
+
+    // The scaled score of query row qi (of scratch qs) and key row kj (of scratch ks) at
+    // expanded row u, given the query-side projections zq (rows from qlo, stride qstride) and
+    // the key-side zk (from klo, stride kstride); -1 marks an absent projection.
+    Expr score(int qs, Expr qi, int ks, Expr kj, Expr u, int zq, Expr qlo, Expr qstride, int zk,
+               Expr klo, Expr kstride) {
+        Expr t = dot(qs, qi * s.D, ks, kj * s.D, s.D);
+        if (s.aq)
+            t = t + b.load(zq, qi * qstride + u - qlo);
+        else if (s.bias)
+            t = t + b.load(eb, h * U + u);
+        if (s.ak) t = t + b.load(zk, kj * kstride + u - klo);
+        return t * s.scale;
+    }
+
+    // Runs body(jj, u) for jj in [0, count) and key j0 + jj against query i: when `constant`
+    // (a saturated tile pair) with the one row u0, else with each pair's own row.
+    void over_pairs(Expr constant, Expr u0, Expr count, Expr i, Expr j0,
+                    const std::function<void(Expr, Expr)>& body) {
+        b.when(
+            constant, [&] { b.loop(0, count, [&](Expr jj) { body(jj, u0); }); },
+            [&] { b.loop(0, count, [&](Expr jj) { body(jj, pair_row(i - j0 - jj)); }); });
+    }
+    // The same with the roles swapped: query i0 + ii against key j.
+    void over_queries(Expr constant, Expr u0, Expr count, Expr i0, Expr j,
+                      const std::function<void(Expr, Expr)>& body) {
+        b.when(
+            constant, [&] { b.loop(0, count, [&](Expr ii) { body(ii, u0); }); },
+            [&] { b.loop(0, count, [&](Expr ii) { body(ii, pair_row(i0 + ii - j)); }); });
+    }
+
+    Expr masked(Expr score, Expr i, Expr j) {
+        return s.causal ? select(j > i, Expr(minus_inf), score) : score;
+    }
+};
+
+} // namespace
+
+kir::Kernel relpos_forward_program(const RelposShape& s) {
+    Program p("relpos_forward", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    const kir::Elem e = elem_of(s.dtype);
+    const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
+    const int Qs = b.scratch("Qs", p.G * s.D), ZQ = b.scratch("ZQ", s.aq ? p.G * p.W : Expr(1));
+    const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
+    const int ZK = b.scratch("ZK", s.ak ? p.WJ * J : Expr(1));
+    const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
+    const int A = b.scratch("A", p.G * s.Dv);
+    p.own_strip();
+    Expr i0 = p.start, n = p.n;
+    Expr rows = b.let(min(p.G, n - i0), "rows");
+    p.stage(Qs, p.q, i0, rows, s.D);
+    b.loop(
+        0, rows,
+        [&](Expr g) {
+            b.store(M, g, minus_inf);
+            b.store(L, g, 0.0);
+            b.loop(0, s.Dv, [&](Expr x) { b.store(A, g * s.Dv + x, 0.0); });
+        },
+        Loop::threads);
+    Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
+    Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
+    if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
+    Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
+    b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
+        Expr j0 = b.let(t * J, "j0");
+        Expr cols = b.let(min(Expr(J), kend - j0), "cols");
+        p.stage(Ks, p.k, j0, cols, s.D);
+        p.stage(Vs, p.v, j0, cols, s.Dv);
+        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+        Expr klo = b.let(p.row(dmin), "klo");
+        if (s.ak) p.project(ZK, p.WJ, Ks, cols, p.ek, klo, p.row(dmax) - klo + 1, false);
+        Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                Expr i = b.let(i0 + g, "i");
+                int top = b.var(Type::f32, minus_inf);
+                p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
+                    Expr sc = p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ), i,
+                                       j0 + jj);
+                    b.store(S, g * J + jj, sc);
+                    b.set(top, max(b.get(top), sc));
+                });
+                // Online softmax; a row whose scores are all masked so far stays as it is.
+                Expr m_new = b.let(max(b.load(M, g), b.get(top)), "m_new");
+                b.when(m_new > Expr(minus_inf), [&] {
+                    Expr corr = b.let(exp(b.load(M, g) - m_new), "corr");
+                    int sum = b.var(Type::f32, b.load(L, g) * corr);
+                    b.loop(0, s.Dv, [&](Expr x) {
+                        b.store(A, g * s.Dv + x, b.load(A, g * s.Dv + x) * corr);
+                    });
+                    b.loop(0, cols, [&](Expr jj) {
+                        Expr pr = b.let(exp(b.load(S, g * J + jj) - m_new), "p");
+                        b.set(sum, b.get(sum) + pr);
+                        b.loop(0, s.Dv, [&](Expr x) {
+                            b.add_to(A, g * s.Dv + x, pr * b.load(Vs, jj * s.Dv + x));
+                        });
+                    });
+                    b.store(L, g, b.get(sum));
+                    b.store(M, g, m_new);
+                });
+            },
+            Loop::threads);
+    });
+    b.loop(
+        0, rows,
+        [&](Expr g) {
+            Expr inv = b.let(Expr(1.0) / b.load(L, g));
+            b.loop(0, s.Dv, [&](Expr x) {
+                b.store(out, p.at(i0 + g, x, s.Dv), b.load(A, g * s.Dv + x) * inv);
+            });
+            b.store(lse, (p.o + i0 + g) * p.H + p.h, b.load(M, g) + log(b.load(L, g)));
+        },
+        Loop::threads);
+    return b.finish();
+}
+
+kir::Kernel relpos_query_grad_program(const RelposShape& s) {
+    Program p("relpos_query_grad", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    const kir::Elem e = elem_of(s.dtype);
+    const bool by_row = s.aq || s.bias; // whether dZQ is needed
+    const int dO = b.buffer("dO", e), out = b.buffer("out", e);
+    const int lse = b.buffer("lse", kir::Elem::f32), dq = b.buffer("dq", e);
+    const int delta = b.buffer("delta", kir::Elem::f32);
+    const int zq_part = b.buffer("zq_part", kir::Elem::f32);
+    const int zb_part = b.buffer("zb_part", kir::Elem::f32);
+    const int range = b.buffer("range", kir::Elem::i64);
+    const int Qs = b.scratch("Qs", p.G * s.D), dOs = b.scratch("dOs", p.G * s.Dv);
+    const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
+    const int ZQ = b.scratch("ZQ", s.aq ? p.G * p.W : Expr(1));
+    const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
+    const int dQ = b.scratch("dQ", p.G * s.D);
+    const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
+    const int ZK = b.scratch("ZK", s.ak ? p.WJ * J : Expr(1));
+    p.own_strip();
+    Expr i0 = p.start, n = p.n;
+    Expr rows = b.let(min(p.G, n - i0), "rows");
+    Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
+    Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
+    p.stage(Qs, p.q, i0, rows, s.D);
+    p.stage(dOs, dO, i0, rows, s.Dv);
+    b.loop(
+        0, rows,
+        [&](Expr g) {
+            int d = b.var(Type::f32, 0.0);
+            b.loop(0, s.Dv, [&](Expr x) {
+                b.set(d, b.get(d) + b.load(dOs, g * s.Dv + x) * b.load(out, p.at(i0 + g, x, s.Dv)));
+            });
+            b.store(Dg, g, b.get(d));
+            b.store(delta, (p.o + i0 + g) * p.H + p.h, b.get(d));
+            b.store(Lg, g, b.load(lse, (p.o + i0 + g) * p.H + p.h));
+            b.loop(0, s.D, [&](Expr x) { b.store(dQ, g * s.D + x, 0.0); });
+            if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
+        },
+        Loop::threads);
+    if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
+    Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
+    b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
+        Expr j0 = b.let(t * J, "j0");
+        Expr cols = b.let(min(Expr(J), kend - j0), "cols");
+        p.stage(Ks, p.k, j0, cols, s.D);
+        p.stage(Vs, p.v, j0, cols, s.Dv);
+        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+        Expr klo = b.let(p.row(dmin), "klo");
+        if (s.ak) p.project(ZK, p.WJ, Ks, cols, p.ek, klo, p.row(dmax) - klo + 1, false);
+        Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                Expr i = b.let(i0 + g, "i");
+                // Score gradients by offset; a saturated tile pair adds to one boundary sum.
+                int boundary = b.var(Type::f32, 0.0);
+                p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
+                    Expr sc = p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ), i,
+                                       j0 + jj);
+                    Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
+                    Expr dp = p.dot(dOs, g * s.Dv, Vs, jj * s.Dv, s.Dv);
+                    Expr gs = b.let(pr * (dp - b.load(Dg, g)) * s.scale, "gs");
+                    b.loop(0, s.D, [&](Expr x) {
+                        b.add_to(dQ, g * s.D + x, gs * b.load(Ks, jj * s.D + x));
+                    });
+                    if (by_row)
+                        b.when(
+                            saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
+                            [&] { b.add_to(dZ, g * p.W + u - qlo, gs); });
+                });
+                if (by_row)
+                    b.when(saturated, [&] { b.add_to(dZ, g * p.W + klo - qlo, b.get(boundary)); });
+            },
+            Loop::threads);
+    });
+    // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
+    b.loop(
+        0, rows,
+        [&](Expr g) {
+            if (s.aq)
+                b.loop(0, wq, [&](Expr w) {
+                    Expr c = b.let(b.load(dZ, g * p.W + w), "c");
+                    b.loop(0, s.D, [&](Expr x) {
+                        b.add_to(dQ, g * s.D + x, c * b.load(p.eq, p.table(qlo + w, x)));
+                    });
+                });
+            b.loop(0, s.D,
+                   [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
+        },
+        Loop::threads);
+    Expr part = b.let(p.tile * p.H + p.h, "part");
+    b.loop(
+        0, wq,
+        [&](Expr w) {
+            if (s.aq) {
+                b.loop(0, s.D, [&](Expr x) { b.store(zq_part, (part * p.W + w) * s.D + x, 0.0); });
+                b.loop(0, rows, [&](Expr g) {
+                    Expr c = b.let(b.load(dZ, g * p.W + w), "c");
+                    b.loop(0, s.D, [&](Expr x) {
+                        b.add_to(zq_part, (part * p.W + w) * s.D + x, c * b.load(Qs, g * s.D + x));
+                    });
+                });
+            }
+            if (s.bias) {
+                int sum = b.var(Type::f32, 0.0);
+                b.loop(0, rows, [&](Expr g) { b.set(sum, b.get(sum) + b.load(dZ, g * p.W + w)); });
+                b.store(zb_part, part * p.W + w, b.get(sum));
+            }
+        },
+        Loop::threads);
+    b.when(p.h == 0, [&] {
+        b.store(range, p.tile * 2, qlo);
+        b.store(range, p.tile * 2 + 1, wq);
+    });
+    return b.finish();
+}
+
+kir::Kernel relpos_key_grad_program(const RelposShape& s) {
+    Program p("relpos_key_grad", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    const kir::Elem e = elem_of(s.dtype);
+    const int dO = b.buffer("dO", e), lse = b.buffer("lse", kir::Elem::f32);
+    const int delta = b.buffer("delta", kir::Elem::f32);
+    const int dk = b.buffer("dk", e), dv = b.buffer("dv", e);
+    const int zk_part = b.buffer("zk_part", kir::Elem::f32);
+    const int range = b.buffer("range", kir::Elem::i64);
+    const int Ks = b.scratch("Ks", p.G * s.D), Vs = b.scratch("Vs", p.G * s.Dv);
+    const int ZK = b.scratch("ZK", s.ak ? p.G * p.W : Expr(1));
+    const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
+    const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
+    const int Qt = b.scratch("Qt", Expr(J * s.D)), dOt = b.scratch("dOt", Expr(J * s.Dv));
+    const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
+    const int ZQ = b.scratch("ZQ", s.aq ? p.WJ * J : Expr(1));
+    p.own_strip();
+    Expr j0 = p.start, n = p.n;
+    Expr cols = b.let(min(p.G, n - j0), "cols");
+    Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
+    Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
+    p.stage(Ks, p.k, j0, cols, s.D);
+    p.stage(Vs, p.v, j0, cols, s.Dv);
+    b.loop(
+        0, cols,
+        [&](Expr jj) {
+            b.loop(0, s.D, [&](Expr x) { b.store(dK, jj * s.D + x, 0.0); });
+            b.loop(0, s.Dv, [&](Expr x) { b.store(dV, jj * s.Dv + x, 0.0); });
+            if (s.ak) b.loop(0, wk, [&](Expr w) { b.store(dZ, jj * p.W + w, 0.0); });
+        },
+        Loop::threads);
+    if (s.ak) p.project(ZK, p.W, Ks, cols, p.ek, klo, wk, false);
+    Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
+    b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
+        Expr i0 = b.let(first + t * J, "i0");
+        Expr rows = b.let(min(Expr(J), n - i0), "rows");
+        p.stage(Qt, p.q, i0, rows, s.D);
+        p.stage(dOt, dO, i0, rows, s.Dv);
+        b.loop(
+            0, rows,
+            [&](Expr ii) {
+                b.store(Lt, ii, b.load(lse, (p.o + i0 + ii) * p.H + p.h));
+                b.store(Dt, ii, b.load(delta, (p.o + i0 + ii) * p.H + p.h));
+            },
+            Loop::threads);
+        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+        Expr qlo = b.let(p.row(dmin), "qlo");
+        if (s.aq) p.project(ZQ, p.WJ, Qt, rows, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
+        Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+        b.loop(
+            0, cols,
+            [&](Expr jj) {
+                Expr j = b.let(j0 + jj, "j");
+                int boundary = b.var(Type::f32, 0.0);
+                p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
+                    Expr sc = p.masked(p.score(Qt, ii, Ks, jj, u, ZQ, qlo, p.WJ, ZK, klo, p.W),
+                                       i0 + ii, j);
+                    Expr pr = b.let(exp(sc - b.load(Lt, ii)), "p");
+                    b.loop(0, s.Dv, [&](Expr x) {
+                        b.add_to(dV, jj * s.Dv + x, pr * b.load(dOt, ii * s.Dv + x));
+                    });
+                    Expr dp = p.dot(dOt, ii * s.Dv, Vs, jj * s.Dv, s.Dv);
+                    Expr gs = b.let(pr * (dp - b.load(Dt, ii)) * s.scale, "gs");
+                    b.loop(0, s.D, [&](Expr x) {
+                        b.add_to(dK, jj * s.D + x, gs * b.load(Qt, ii * s.D + x));
+                    });
+                    if (s.ak)
+                        b.when(
+                            saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
+                            [&] { b.add_to(dZ, jj * p.W + u - klo, gs); });
+                });
+                if (s.ak)
+                    b.when(saturated, [&] { b.add_to(dZ, jj * p.W + qlo - klo, b.get(boundary)); });
+            },
+            Loop::threads);
+    });
+    b.loop(
+        0, cols,
+        [&](Expr jj) {
+            if (s.ak)
+                b.loop(0, wk, [&](Expr w) {
+                    Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
+                    b.loop(0, s.D, [&](Expr x) {
+                        b.add_to(dK, jj * s.D + x, c * b.load(p.ek, p.table(klo + w, x)));
+                    });
+                });
+            b.loop(0, s.D,
+                   [&](Expr x) { b.store(dk, p.at(j0 + jj, x, s.D), b.load(dK, jj * s.D + x)); });
+            b.loop(0, s.Dv,
+                   [&](Expr x) { b.store(dv, p.at(j0 + jj, x, s.Dv), b.load(dV, jj * s.Dv + x)); });
+        },
+        Loop::threads);
+    if (s.ak) {
+        Expr part = b.let(p.tile * p.H + p.h, "part");
+        b.loop(
+            0, wk,
+            [&](Expr w) {
+                b.loop(0, s.D, [&](Expr x) { b.store(zk_part, (part * p.W + w) * s.D + x, 0.0); });
+                b.loop(0, cols, [&](Expr jj) {
+                    Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
+                    b.loop(0, s.D, [&](Expr x) {
+                        b.add_to(zk_part, (part * p.W + w) * s.D + x, c * b.load(Ks, jj * s.D + x));
+                    });
+                });
+            },
+            Loop::threads);
+    }
+    b.when(p.h == 0, [&] {
+        b.store(range, p.tile * 2, klo);
+        b.store(range, p.tile * 2 + 1, wk);
+    });
+    return b.finish();
+}
+
+kir::Kernel relpos_table_reduce_program() {
+    Builder b("relpos_table_reduce");
+    Expr H = b.param("H"), U = b.param("U"), strips = b.param("strips"), W = b.param("W"),
+         width = b.param("width");
+    const int part = b.buffer("part", kir::Elem::f32), range = b.buffer("range", kir::Elem::i64),
+              out = b.buffer("out", kir::Elem::f32);
+    Expr h = b.let(b.pid() / U, "h"), u = b.let(b.pid() % U, "u");
+    Expr base = b.let((h * U + u) * width, "base");
+    b.loop(0, width, [&](Expr x) { b.store(out, base + x, 0.0); });
+    b.loop(0, strips, [&](Expr t) {
+        Expr lo = b.let(b.load(range, t * 2), "lo");
+        b.when(u >= lo && u < lo + b.load(range, t * 2 + 1), [&] {
+            Expr from = b.let(((t * H + h) * W + u - lo) * width, "from");
+            b.loop(0, width, [&](Expr x) { b.add_to(out, base + x, b.load(part, from + x)); });
+        });
+    });
+    return b.finish();
+}
+
+} // namespace rag::jit

@@ -1,0 +1,46 @@
+// The tile programs of fused relative-position attention, written once in the kernel IR
+// (jit/kir.hpp) and lowered to the CPU here and to PTX by the GPU backend. The host side that
+// prepares their buffers and launches them is jit/relpos.cpp.
+//
+// Every map is expanded to 2 Delta + 1 per-offset rows u = clamp(i - j, -Delta, Delta) + Delta
+// (the paper's bucket expansion; identity maps have Delta = L - 1 and never saturate), so the
+// programs see one kind of map: tables eq, ek [H][U][D] and eb [H][U] in f32. A program
+// instance owns a strip of G tokens of one sample and one head (tile list entry
+// (offset, length, start), instance = tile * H + head) and loops over the other side in tiles
+// of J. Its queries (keys) reach the contiguous rows [lo, lo + W) with W <= min(N + G - 1, U):
+// it projects only onto those (reachable-range projections), and a tile pair whose offsets all
+// lie beyond +-Delta reads one row (constant-range reuse). Nothing is N x N.
+#pragma once
+#include "jit/kir.hpp"
+#include "runtime/dtype.hpp"
+
+namespace rag::jit {
+
+struct RelposShape {
+    DType dtype;        // of q, k, v, O, dO and the input gradients
+    std::int64_t D, Dv; // head dimensions (static extents of the schema)
+    bool aq, ak, bias;  // which relation terms are present
+    bool causal;
+    double scale;
+    static constexpr std::int64_t J = 64; // the inner tile
+};
+
+// Parameters shared by the programs, in this order: heads H, Delta, rows U = 2 Delta + 1, the
+// strip G, and W, the most reachable rows of a strip (scratch sizing).
+enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_COUNT };
+
+// Forward: buffers q, k, v, eq, ek, eb, tiles, out, lse; writes O and the row log-sum-exp.
+kir::Kernel relpos_forward_program(const RelposShape& s);
+// Query pass of the backward: buffers q, k, v, eq, ek, eb, tiles, dO, out, lse, dq, delta
+// (D_i = dO_i . O_i, written for the key pass), zq_part (per strip and head: dZQ^T Q over its
+// reachable rows, W x D), zb_part (column sums of dZQ, W), range (per strip: lo, W).
+kir::Kernel relpos_query_grad_program(const RelposShape& s);
+// Key pass: buffers q, k, v, eq, ek, eb, tiles, dO, lse, delta, dk, dv, zk_part (dZK^T K),
+// range (per strip: lo, W).
+kir::Kernel relpos_key_grad_program(const RelposShape& s);
+// Fixed-order reduction of strip partials into expanded-table gradients: instance = head * U
+// + u sums, over strips in order, the partial rows that reach u. Buffers part, range, out
+// ([H][U][width]); parameters H, U, strips, W, width.
+kir::Kernel relpos_table_reduce_program();
+
+} // namespace rag::jit
