@@ -2,6 +2,9 @@
 #include "dsl/module.hpp"
 #include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
+#include "jit/plan.hpp"
+#include "jit/ptx.hpp"
+#include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
@@ -31,10 +34,14 @@ commands:
       --stats                   print compilations and cache hits per function
       --tier jit|interp         the LLVM-compiled CPU tier (default) or the reference
                                 interpreter
+      --device cpu|cuda         where to run (default cpu); cuda needs an NVIDIA driver
+                                and device
       --padded                  run on the dense envelope B x N_max x ... with masks (the
                                 padded baseline); same valid results
   ir FILE --fn NAME [--plan]    print the SSA IR of NAME on its declared types (--plan: how
                                 the CPU JIT runs it: fused loops, GEMMs, reference kernels)
+  ptx FILE --fn NAME [--arch A]  print the PTX of NAME's GPU kernels on its declared types
+                                (--arch sm_90, the default, or sm_80)
   repl                          an interactive session (:help inside)
   --help                        this text
 )";
@@ -47,6 +54,8 @@ struct Options {
     bool stats = false;
     bool plan = false;
     Tier tier = Tier::jit;
+    std::string device = "cpu";
+    std::string arch = "sm_90";
     bool padded = false;
 };
 
@@ -134,8 +143,9 @@ int cmd_check(const std::string& path) {
 
 int cmd_run(const std::string& path, const Options& o) {
     if (o.fn.empty()) fail("run needs --fn NAME");
+    if (o.device == "cuda") cuda::device(); // "CUDA unavailable: why" before any work
     auto m = Module::load(path);
-    m->set_tier(o.tier);
+    m->set_tier(o.device == "cuda" ? Tier::gpu : o.tier);
     m->set_padded(o.padded);
     Diagnostics diags(*m->program().units[0].src);
     auto decl = frontend::lower(m->program(), o.fn, std::nullopt, diags);
@@ -193,6 +203,18 @@ int cmd_ir(const std::string& path, const Options& o) {
     return 0;
 }
 
+int cmd_ptx(const std::string& path, const Options& o) {
+    if (o.fn.empty()) fail("ptx needs --fn NAME");
+    auto m = Module::load(path);
+    Diagnostics diags(*m->program().units[0].src);
+    auto lowered = frontend::lower(m->program(), o.fn, std::nullopt, diags);
+    if (!lowered) throw CompileError(diags.str());
+    const jit::Plan plan = jit::make_plan(lowered->fn);
+    std::fputs(jit::describe(jit::fused_ptx(lowered->fn, plan, o.arch), lowered->fn, plan).c_str(),
+               stdout);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -228,7 +250,13 @@ int main(int argc, char** argv) {
                 o.plan = true;
             else if (a[k] == "--padded")
                 o.padded = true;
-            else if (a[k] == "--tier") {
+            else if (a[k] == "--arch")
+                o.arch = value();
+            else if (a[k] == "--device") {
+                o.device = value();
+                if (o.device != "cpu" && o.device != "cuda")
+                    fail("--device takes cpu or cuda, got '", o.device, "'");
+            } else if (a[k] == "--tier") {
                 const std::string& t = value();
                 if (t != "jit" && t != "interp") fail("--tier takes jit or interp, got '", t, "'");
                 o.tier = t == "jit" ? Tier::jit : Tier::interpreter;
@@ -238,6 +266,7 @@ int main(int argc, char** argv) {
         if (a[0] == "check") return cmd_check(a[1]);
         if (a[0] == "run") return cmd_run(a[1], o);
         if (a[0] == "ir") return cmd_ir(a[1], o);
+        if (a[0] == "ptx") return cmd_ptx(a[1], o);
         fail("unknown command '", a[0], "' (see rag --help)");
     } catch (const CompileError& e) {
         std::fputs(e.what(), stderr);

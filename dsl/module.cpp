@@ -6,6 +6,7 @@
 #include "frontend/lower.hpp"
 #include "ir/interpreter.hpp"
 #include "jit/cpu_jit.hpp"
+#include "jit/gpu_function.hpp"
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
@@ -46,6 +47,7 @@ std::string Value::type_str() const {
 struct Module::Compiled {
     frontend::Lowered lowered;
     std::unique_ptr<jit::CpuFunction> cpu; // null on the interpreter tier
+    std::unique_ptr<jit::GpuFunction> gpu; // on the gpu tier
 };
 
 namespace {
@@ -160,7 +162,7 @@ std::vector<std::string> Module::functions() const {
 
 const Module::Compiled& Module::specialise(std::string_view fn, const std::vector<Value>& args) {
     std::vector<frontend::VType> types;
-    std::string key = (tier_ == Tier::jit ? "jit:" : "interp:") +
+    std::string key = (tier_ == Tier::jit ? "jit:" : tier_ == Tier::gpu ? "cuda:" : "interp:") +
                       std::string(padded_ ? "padded:" : "") + std::string(fn);
     for (const auto& a : args) {
         types.push_back(vtype_of(a));
@@ -175,8 +177,9 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     Diagnostics diags(*prog_->units.at(0).src);
     auto lowered = frontend::lower(*prog_, fn, types, diags, padded_);
     if (!lowered) throw CompileError(diags.str());
-    auto compiled = std::make_unique<Compiled>(Compiled{std::move(*lowered), nullptr});
+    auto compiled = std::make_unique<Compiled>(Compiled{std::move(*lowered), nullptr, nullptr});
     if (tier_ == Tier::jit) compiled->cpu = jit::compile_cpu(compiled->lowered.fn);
+    if (tier_ == Tier::gpu) compiled->gpu = jit::compile_gpu(compiled->lowered.fn);
     ++st.compilations;
     st.compile_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -228,7 +231,9 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
         for (const auto& name : c.lowered.masks)
             flat.push_back(envelope_mask(name, lengths.at(name)));
     }
-    auto out = c.cpu ? c.cpu->run(flat) : ir::interpret(c.lowered.fn, flat);
+    auto out = c.cpu   ? c.cpu->run(flat)
+               : c.gpu ? c.gpu->run(flat)
+                       : ir::interpret(c.lowered.fn, flat);
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);
     std::size_t pos = 0;

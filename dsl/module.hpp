@@ -39,8 +39,9 @@ class CompileError : public Error {
     using Error::Error;
 };
 
-// Where calls run: the reference interpreter (the oracle) or the LLVM-compiled CPU tier.
-enum class Tier { interpreter, jit };
+// Where calls run: the reference interpreter (the oracle), the LLVM-compiled CPU tier, or the
+// CUDA device (jit/gpu_function.hpp: fused kernels on the GPU, other steps on the host).
+enum class Tier { interpreter, jit, gpu };
 
 struct FnStats {
     int compilations = 0;

@@ -2,6 +2,8 @@
 #include "dsl/repl_session.hpp"
 #include "frontend/lower.hpp"
 #include "frontend/parser.hpp"
+#include "jit/plan.hpp"
+#include "jit/ptx.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -30,7 +32,7 @@ const char* help_text =
 
   :type EXPR             the type of EXPR, without evaluating it
   :ir NAME               the IR of fn NAME on its declared types (or :ir EXPR)
-  :ptx NAME              PTX for the GPU (not built yet)
+  :ptx NAME [sm_80]      the PTX of fn NAME's GPU kernels (default sm_90)
   :load FILE             add a file's definitions
   :time EXPR             evaluate (or let) and print the wall time
   :stats                 compilations and cache hits per evaluated expression
@@ -281,12 +283,7 @@ void Session::command(const std::shared_ptr<SourceFile>& src) {
     } else if (name == "ir") {
         if (need("a function name or an expression")) cmd_ir(src, rest);
     } else if (name == "ptx") {
-        if (!need("a function name")) return;
-        if (!base_->program().find_fn(arg).first)
-            error("no function named '" + arg + "'");
-        else
-            error(":ptx: the GPU backend is not built yet, so there is no PTX for " + arg +
-                  "; :ir " + arg + " shows the IR it will compile");
+        if (need("a function name")) cmd_ptx(arg);
     } else if (name == "load" || name == "l") {
         if (need("a file")) cmd_load(arg);
     } else if (name == "time") {
@@ -349,6 +346,28 @@ void Session::cmd_ir(const std::shared_ptr<SourceFile>& src, std::uint32_t begin
         return;
     }
     say(p->module->ir(p->fn, p->args));
+}
+
+void Session::cmd_ptx(const std::string& arg) {
+    std::istringstream words(arg);
+    std::string fn, arch = "sm_90";
+    words >> fn >> arch;
+    if (!base_->program().find_fn(fn).first) {
+        error("no function named '" + fn + "'");
+        return;
+    }
+    Diagnostics d(*base_->program().units.at(0).src);
+    auto lowered = frontend::lower(base_->program(), fn, std::nullopt, d);
+    if (!lowered) {
+        say(d.str());
+        return;
+    }
+    try {
+        const jit::Plan plan = jit::make_plan(lowered->fn);
+        say(jit::describe(jit::fused_ptx(lowered->fn, plan, arch), lowered->fn, plan));
+    } catch (const Error& e) {
+        error(std::string(":ptx: ") + e.what());
+    }
 }
 
 void Session::cmd_load(const std::string& path) {

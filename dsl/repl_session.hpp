@@ -167,6 +167,7 @@ class Session {
     void entry(const std::shared_ptr<SourceFile>& entry, std::uint32_t begin);
     void cmd_type(const std::shared_ptr<SourceFile>& entry, std::uint32_t begin);
     void cmd_ir(const std::shared_ptr<SourceFile>& entry, std::uint32_t begin);
+    void cmd_ptx(const std::string& arg); // NAME [arch]
     void cmd_load(const std::string& path);
     void cmd_stats();
     void cmd_vars();

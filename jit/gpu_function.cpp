@@ -1,0 +1,128 @@
+#include "jit/gpu_function.hpp"
+
+#include "runtime/cuda.hpp"
+#include "runtime/error.hpp"
+
+#include <algorithm>
+
+namespace rag::jit {
+namespace {
+
+class CompiledGpu final : public GpuFunction {
+  public:
+    explicit CompiledGpu(const ir::Function& f)
+        : f_(f), plan_(make_plan(f)), ptx_(fused_ptx(f, plan_, device_arch())), module_(ptx_.ptx) {
+        for (const PtxKernel& k : ptx_.kernels) kernels_.push_back(module_.kernel(k.name));
+    }
+
+    const PtxProgram& ptx() const override { return ptx_; }
+
+    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
+        if (inputs.size() != f_.inputs.size())
+            fail(f_.name, " takes ", f_.inputs.size(), " tensors, got ", inputs.size());
+        std::vector<RaggedTensor> vals(f_.nodes.size());
+        for (std::size_t i = 0; i < f_.nodes.size(); ++i) {
+            const ir::Node& n = f_.nodes[i];
+            if (n.op == "input") {
+                std::size_t k = std::size_t(n.attrs.get_int("index"));
+                if (inputs[k].schema() != n.type)
+                    fail(f_.name, ": argument ", k, (n.label.empty() ? "" : " (" + n.label + ")"),
+                         " has schema ", inputs[k].schema().str(), ", expected ", n.type.str());
+                vals[i] = inputs[k];
+            } else if (n.op == "const") {
+                vals[i] = RaggedTensor::dense(
+                    DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
+            }
+        }
+        for (const Step& s : plan_.steps) {
+            if (s.kind == Step::Kind::fused)
+                run_group(std::size_t(s.index), vals);
+            else
+                reference(std::size_t(s.index), vals);
+        }
+        std::vector<RaggedTensor> out;
+        for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
+        return out;
+    }
+
+  private:
+    void reference(std::size_t i, std::vector<RaggedTensor>& vals) const {
+        const ir::Node& n = f_.nodes[i];
+        std::vector<RaggedTensor> args;
+        for (int a : n.args) args.push_back(vals[std::size_t(a)]);
+        vals[i] = evaluate(n.op, args, n.attrs);
+    }
+
+    // The group's kernel over the packed elements; operands of unequal runtime structure go
+    // to the reference kernels, which name the offending sample (as on the CPU tier).
+    void run_group(std::size_t g, std::vector<RaggedTensor>& vals) const {
+        const FusedGroup& grp = plan_.groups[g];
+        const RaggedTensor* shape_from = nullptr;
+        bool same = true;
+        for (const auto& in : grp.inputs) {
+            if (in.access != Access::full) continue;
+            const RaggedTensor& t = vals[std::size_t(in.value)];
+            if (!shape_from)
+                shape_from = &t;
+            else
+                same = same && t.structure().same_as(shape_from->structure());
+        }
+        if (!shape_from || !same) {
+            for (int v : grp.nodes) reference(std::size_t(v), vals);
+            return;
+        }
+        const StructurePtr& st = shape_from->structure_ptr();
+        std::int64_t n = st->numel();
+        const std::size_t elem = dtype_size(grp.dtype);
+        std::vector<cuda::Buffer> bufs;
+        std::vector<std::int64_t> lens;
+        std::vector<std::uint64_t> ptrs;
+        bufs.reserve(grp.inputs.size() + grp.outputs.size());
+        for (const auto& x : grp.inputs) {
+            const RaggedTensor& t = vals[std::size_t(x.value)];
+            bufs.emplace_back(std::max<std::size_t>(std::size_t(t.numel()) * elem, elem));
+            cuda::upload(bufs.back(), t.data(), std::size_t(t.numel()) * elem);
+            lens.push_back(std::max<std::int64_t>(t.numel(), 1));
+        }
+        for (std::size_t k = 0; k < grp.outputs.size(); ++k)
+            bufs.emplace_back(std::max<std::size_t>(std::size_t(n) * elem, elem));
+        for (const auto& b : bufs) ptrs.push_back(b.ptr());
+        // cuLaunchKernel takes the address of each parameter's value, in kernel order.
+        std::vector<void*> params = {&n};
+        for (std::size_t k = 0; k < grp.inputs.size(); ++k) {
+            params.push_back(&ptrs[k]);
+            params.push_back(&lens[k]);
+        }
+        for (std::size_t k = 0; k < grp.outputs.size(); ++k)
+            params.push_back(&ptrs[grp.inputs.size() + k]);
+        const std::int64_t blocks =
+            std::min<std::int64_t>((n + kFusedBlock - 1) / kFusedBlock, 65535);
+        kernels_[g].launch(unsigned(blocks), kFusedBlock, params);
+        for (std::size_t k = 0; k < grp.outputs.size(); ++k) {
+            RaggedTensor out = RaggedTensor::zeros(grp.dtype, st);
+            cuda::download(out.mutable_data(), bufs[grp.inputs.size() + k], std::size_t(n) * elem);
+            vals[std::size_t(grp.outputs[k])] = std::move(out);
+        }
+    }
+
+    ir::Function f_;
+    Plan plan_;
+    PtxProgram ptx_;
+    cuda::Module module_;
+    std::vector<cuda::Kernel> kernels_;
+};
+
+} // namespace
+
+std::string device_arch() {
+    const cuda::DeviceInfo& d = cuda::device();
+    if (d.major >= 9) return "sm_90";
+    if (d.major == 8) return "sm_80";
+    fail("CUDA: ", d.name, " is ", d.arch(), "; rag's kernels need sm_80 or later");
+}
+
+std::unique_ptr<GpuFunction> compile_gpu(const ir::Function& f) {
+    return std::make_unique<CompiledGpu>(f);
+}
+
+} // namespace rag::jit

@@ -1,0 +1,28 @@
+// The GPU tier (first cut): a function's plan with every fused elementwise group running as a
+// CUDA kernel (jit/ptx.hpp), and every other step (GEMMs, reductions, the rest) on the host
+// through the reference kernels. Tensors live on the host between steps: each kernel uploads
+// its inputs and downloads its outputs, so this checks GPU code against the CPU tier rather
+// than being fast. This header knows nothing of LLVM or of the driver.
+#pragma once
+#include "jit/ptx.hpp"
+
+#include <memory>
+
+namespace rag::jit {
+
+class GpuFunction {
+  public:
+    virtual ~GpuFunction() = default;
+    virtual std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const = 0;
+    virtual const PtxProgram& ptx() const = 0;
+};
+
+// The PTX target for the current device: sm_90 for compute capability 9.x and later, sm_80 for
+// 8.x; older devices are a rag::Error. Throws "CUDA unavailable: ..." without a device.
+std::string device_arch();
+
+// Compiles f's kernels for the device and loads them. Throws "CUDA unavailable: ..." without
+// a device.
+std::unique_ptr<GpuFunction> compile_gpu(const ir::Function& f);
+
+} // namespace rag::jit

@@ -1,0 +1,32 @@
+// Kernel-IR kernels (jit/kir.hpp) as PTX: the GPU lowering of the tile programs. This header
+// knows nothing of LLVM or of the driver.
+//
+// One program instance runs as one thread block: instances pid = blockIdx.x, blockIdx.x +
+// gridDim.x, ... < grid (so a launch may use fewer blocks than instances, and scratch is sized
+// by blocks, not instances). A `threads` loop is spread over the block's threads (iteration
+// threadIdx.x, stride blockDim.x) with a barrier before it (scratch written by serial code is
+// published, and no thread overwrites what others still read) and after it; a threads loop
+// nested in another one runs serially in its thread. Serial code runs redundantly in every
+// thread, on the same values, so its control flow is uniform and barriers are legal in it; a
+// store in serial code is made by thread 0 alone, between barriers.
+//
+// Entry parameters, in order: i64 grid, one i64 per kernel parameter, one pointer per global
+// buffer (declaration order), then one pointer to scratch: kir_scratch_bytes(k, params) bytes
+// per block of the launch.
+#pragma once
+#include "jit/kir.hpp"
+
+#include <span>
+#include <string>
+
+namespace rag::jit {
+
+inline constexpr int kKirBlock = 128; // threads per block, the kernels' launch bound
+
+// PTX for `k` on `arch` (sm_80 or sm_90), its entry named k.name. Throws rag::Error.
+std::string kir_ptx(const kir::Kernel& k, const std::string& arch);
+
+// Scratch bytes one block needs: every scratch array, 64-byte aligned, as on the CPU.
+std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_t> params);
+
+} // namespace rag::jit

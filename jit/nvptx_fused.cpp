@@ -1,0 +1,147 @@
+// The fused elementwise groups of a plan as NVPTX kernels (see jit/ptx.hpp for their ABI).
+#include "jit/elementwise_llvm.hpp"
+#include "jit/nvptx.hpp"
+#include "jit/ptx.hpp"
+#include "runtime/error.hpp"
+
+#include <llvm/AsmParser/Parser.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/Support/SourceMgr.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <map>
+#include <sstream>
+
+namespace rag::jit {
+namespace {
+
+llvm::Value* sreg(llvm::IRBuilder<>& b, llvm::Module& m, llvm::Intrinsic::ID id) {
+    return b.CreateZExt(b.CreateCall(llvm::Intrinsic::getDeclaration(&m, id)), b.getInt64Ty());
+}
+
+void emit_group_kernel(llvm::Module& m, const ir::Function& f, const FusedGroup& g,
+                       const std::string& name) {
+    llvm::LLVMContext& ctx = m.getContext();
+    llvm::IRBuilder<> b(ctx);
+    llvm::Type* t = g.dtype == DType::f32 ? b.getFloatTy() : b.getDoubleTy();
+    auto* i64 = b.getInt64Ty();
+    auto* ptr = llvm::PointerType::get(ctx, 0);
+    std::vector<llvm::Type*> params = {i64};
+    for (std::size_t k = 0; k < g.inputs.size(); ++k) {
+        params.push_back(ptr);
+        params.push_back(i64);
+    }
+    for (std::size_t k = 0; k < g.outputs.size(); ++k) params.push_back(ptr);
+    auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), params, false),
+                                      llvm::Function::ExternalLinkage, name, m);
+    mark_kernel(*fn, kFusedBlock);
+    // Inputs are only read and outputs are fresh buffers: noalias lets NVPTX use the read-only
+    // data cache (ld.global.nc) for the inputs.
+    for (unsigned a = 1; a < fn->arg_size(); ++a)
+        if (fn->getArg(a)->getType()->isPointerTy()) fn->addParamAttr(a, llvm::Attribute::NoAlias);
+    for (std::size_t k = 0; k < g.inputs.size(); ++k)
+        fn->addParamAttr(unsigned(1 + 2 * k), llvm::Attribute::ReadOnly);
+
+    auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
+    auto* loop = llvm::BasicBlock::Create(ctx, "loop", fn);
+    auto* body = llvm::BasicBlock::Create(ctx, "body", fn);
+    auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
+    b.SetInsertPoint(entry);
+    llvm::Value* n = fn->getArg(0);
+    llvm::Value* ntid = sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x);
+    llvm::Value* first =
+        b.CreateAdd(b.CreateMul(sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x), ntid),
+                    sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
+    llvm::Value* stride =
+        b.CreateMul(ntid, sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x));
+    b.CreateBr(loop);
+    b.SetInsertPoint(loop);
+    auto* i = b.CreatePHI(i64, 2);
+    i->addIncoming(first, entry);
+    b.CreateCondBr(b.CreateICmpSLT(i, n), body, exit);
+    b.SetInsertPoint(body);
+    std::map<int, llvm::Value*> vals;
+    for (std::size_t k = 0; k < g.inputs.size(); ++k) {
+        llvm::Value* x = fn->getArg(unsigned(1 + 2 * k));
+        llvm::Value* len = fn->getArg(unsigned(2 + 2 * k));
+        llvm::Value* at = g.inputs[k].access == Access::full  ? static_cast<llvm::Value*>(i)
+                          : g.inputs[k].access == Access::row ? b.CreateURem(i, len)
+                                                              : b.getInt64(0);
+        vals[g.inputs[k].value] = b.CreateLoad(t, b.CreateGEP(t, x, at));
+    }
+    for (int v : g.nodes) {
+        const ir::Node& node = f.nodes[std::size_t(v)];
+        std::vector<llvm::Value*> args;
+        for (int a : node.args) args.push_back(vals.at(a));
+        vals[v] = emit_elementwise(b, m, libdevice_math(), node, args, t);
+    }
+    const unsigned out0 = unsigned(1 + 2 * g.inputs.size());
+    for (std::size_t k = 0; k < g.outputs.size(); ++k)
+        b.CreateStore(vals.at(g.outputs[k]), b.CreateGEP(t, fn->getArg(out0 + unsigned(k)), i));
+    i->addIncoming(b.CreateAdd(i, stride), body);
+    b.CreateBr(loop);
+    b.SetInsertPoint(exit);
+    b.CreateRetVoid();
+}
+
+// PTX identifiers: letters, digits, _ and $.
+std::string ptx_identifier(const std::string& s) {
+    std::string out;
+    for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    return out;
+}
+
+} // namespace
+
+PtxProgram fused_ptx(const ir::Function& f, const Plan& plan, const std::string& arch, bool ftz) {
+    PtxProgram out;
+    out.arch = arch;
+    llvm::LLVMContext ctx;
+    auto m = new_nvptx_module("rag_" + ptx_identifier(f.name), ctx, arch);
+    for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+        PtxKernel k;
+        k.name = "rag_" + ptx_identifier(f.name) + "_fused" + std::to_string(g);
+        k.group = int(g);
+        for (int v : plan.groups[g].nodes) {
+            if (!k.description.empty()) k.description += ", ";
+            k.description += "%" + std::to_string(v) + " " + f.nodes[std::size_t(v)].op;
+        }
+        emit_group_kernel(*m, f, plan.groups[g], k.name);
+        out.kernels.push_back(std::move(k));
+    }
+    out.ptx = compile_ptx(*m, PtxOptions{arch, ftz});
+    return out;
+}
+
+std::string ptx_from_llvm_ir(const std::string& ir, const std::string& arch, bool ftz) {
+    llvm::LLVMContext ctx;
+    llvm::SMDiagnostic diag;
+    auto m = llvm::parseAssemblyString(ir, diag, ctx);
+    if (!m) {
+        std::string msg;
+        llvm::raw_string_ostream os(msg);
+        diag.print("ir", os);
+        fail("NVPTX: cannot parse LLVM IR: ", os.str());
+    }
+    auto layout = new_nvptx_module("layout", ctx, arch);
+    m->setTargetTriple(layout->getTargetTriple());
+    m->setDataLayout(layout->getDataLayout());
+    return compile_ptx(*m, PtxOptions{arch, ftz});
+}
+
+std::string describe(const PtxProgram& p, const ir::Function& f, const Plan& plan) {
+    std::ostringstream os;
+    os << "// rag: " << p.kernels.size() << " GPU kernel" << (p.kernels.size() == 1 ? "" : "s")
+       << " of " << f.name << " for " << p.arch << "\n";
+    for (const PtxKernel& k : p.kernels) os << "//   " << k.name << ": " << k.description << "\n";
+    int host = 0;
+    for (const Step& s : plan.steps) host += s.kind != Step::Kind::fused;
+    if (host)
+        os << "// " << host << " plan step" << (host == 1 ? "" : "s")
+           << " (GEMMs, reductions, reference kernels) have no GPU kernel yet\n";
+    os << p.ptx;
+    return os.str();
+}
+
+} // namespace rag::jit

@@ -1,0 +1,90 @@
+// The kernel IR's GPU lowering: every relative-position tile program, for every combination of
+// relation terms, masking and storage type, becomes PTX that ptxas accepts for sm_80 and
+// sm_90, with one block per program instance and barriers around its threads loops.
+#include "jit/kir_nvptx.hpp"
+#include "jit/relpos_programs.hpp"
+#include "tests/gpu/ptxas.hpp"
+#include "tests/support/testing.hpp"
+
+namespace rag {
+namespace {
+
+using namespace rag::testing;
+using kir::Expr;
+
+// Each relation term on and off, both masks, every storage type, Dv != D (CI time bounds how
+// many of the 2^5 x 4 combinations run).
+std::vector<jit::RelposShape> shapes() {
+    return {
+        {DType::f32, 64, 64, false, false, false, false, 0.125}, // plain attention
+        {DType::f32, 64, 64, true, true, true, false, 0.125},    // DeBERTa-style, all terms
+        {DType::f16, 64, 64, false, false, true, true, 0.125},   // T5-style bias, causal
+        {DType::bf16, 64, 64, true, false, false, true, 0.125},  // query term only, causal
+        {DType::f64, 32, 16, false, true, true, false, 0.25},    // key term and bias, Dv != D
+    };
+}
+
+std::size_t count(const std::string& s, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+}
+
+TEST(KirPtx, EveryRelposTileProgramAssembles) {
+    if (ptxas_path().empty())
+        GTEST_SKIP() << "SKIPPED: no ptxas (set RAG_PTXAS or CUDA_HOME); PTX not assembled";
+    std::vector<kir::Kernel> kernels = {jit::relpos_table_reduce_program()};
+    for (const auto& s : shapes()) {
+        kernels.push_back(jit::relpos_forward_program(s));
+        kernels.push_back(jit::relpos_query_grad_program(s));
+        kernels.push_back(jit::relpos_key_grad_program(s));
+    }
+    for (const kir::Kernel& k : kernels)
+        for (const char* arch : {"sm_80", "sm_90"}) {
+            const std::string ptx = jit::kir_ptx(k, arch);
+            EXPECT_NE(ptx.find(".entry " + k.name + "("), std::string::npos) << k.name;
+            EXPECT_NE(ptx.find(".maxntid " + std::to_string(jit::kKirBlock) + ", 1, 1"),
+                      std::string::npos)
+                << k.name;
+            EXPECT_EQ(ptx.find(".extern"), std::string::npos) << k.name;
+            bool threads = false;
+            for (const auto& st : k.body) threads = threads || st.loop == kir::Loop::threads;
+            if (threads) {
+                EXPECT_GE(count(ptx, "bar.sync"), 1u) << k.name;
+            }
+            PtxasResult r = run_ptxas(ptx, arch);
+            EXPECT_EQ(r.status, 0) << k.name << " for " << arch << ":\n" << r.output;
+        }
+}
+
+// A store in serial code is made by thread 0 alone, between barriers (a repeated
+// read-modify-write would add up once per thread).
+TEST(KirPtx, SerialStoresAreMadeByThreadZero) {
+    kir::Builder b("serial_store");
+    Expr n = b.param("n");
+    int out = b.buffer("out", kir::Elem::f32);
+    b.loop(0, n, [&](Expr i) { b.add_to(out, i, 1.0); });
+    const std::string ptx = jit::kir_ptx(b.finish(), "sm_90");
+    EXPECT_GE(count(ptx, "bar.sync"), 2u) << ptx;
+    EXPECT_NE(ptx.find("%tid.x"), std::string::npos) << ptx;
+    if (!ptxas_path().empty()) {
+        EXPECT_EQ(run_ptxas(ptx, "sm_90").status, 0);
+    }
+}
+
+TEST(KirPtx, ScratchIsSizedPerBlockLikeTheCpu) {
+    kir::Builder b("scratchy");
+    Expr n = b.param("n");
+    int out = b.buffer("out", kir::Elem::f32);
+    b.scratch("a", n * 3); // 12 n bytes, rounded up to 64
+    b.scratch("b", Expr(5));
+    b.loop(
+        0, n, [&](Expr i) { b.store(out, i, 0.0); }, kir::Loop::threads);
+    const kir::Kernel k = b.finish();
+    const std::int64_t p7[] = {7}, p1[] = {1};
+    EXPECT_EQ(jit::kir_scratch_bytes(k, p7), 192); // 84 -> 128, + 20 -> 192
+    EXPECT_EQ(jit::kir_scratch_bytes(k, p1), 128); // 12 -> 64, + 20 -> 128
+}
+
+} // namespace
+} // namespace rag
