@@ -59,12 +59,14 @@ struct Floats {
 struct Setup {
     RelposConfig cfg;
     RelposShape shape;
-    std::int64_t H, Delta, U, G, W, tokens;
+    std::int64_t H, Delta, U, G, W, WP, tokens;
     std::vector<std::int64_t> rows_of; // expanded row u -> map row
-    std::vector<std::int64_t> tiles;   // (offset, length, start) per strip
+    std::vector<std::int64_t> tiles;   // (offset, length, start) per strip of G tokens
+    std::vector<std::int64_t> samples; // (offset, length, 0) per sample with tokens
     Floats eq{1}, ek{1}, eb{1};
     std::int64_t strips() const { return std::int64_t(tiles.size() / 3); }
-    std::vector<std::int64_t> params() const { return {H, Delta, U, G, W}; }
+    std::int64_t nonempty() const { return std::int64_t(samples.size() / 3); }
+    std::vector<std::int64_t> params() const { return {H, Delta, U, G, W, WP}; }
 };
 
 // A table's head-major expansion [H][U][width] from its [R, H, width] storage.
@@ -81,7 +83,7 @@ Floats expand(const RaggedTensor& t, const Setup& s, std::int64_t width) {
 
 std::unique_ptr<Setup> setup(std::span<const RaggedTensor> in, const Attrs& at, bool with_dO) {
     auto s = std::make_unique<Setup>(
-        Setup{relpos_check(in, at, op_name, with_dO), {}, 0, 0, 0, 0, 0, 0, {}, {}});
+        Setup{relpos_check(in, at, op_name, with_dO), {}, 0, 0, 0, 0, 0, 0, 0, {}, {}, {}});
     const RelposConfig& c = s->cfg;
     const RaggedTensor& q = in[0];
     s->H = q.shape().axes[1].extent;
@@ -99,16 +101,16 @@ std::unique_ptr<Setup> setup(std::span<const RaggedTensor> in, const Attrs& at, 
     std::int64_t longest = 0;
     for (std::int64_t b = 0; b < q.batch(); ++b)
         longest = std::max(longest, q.structure().size(b, 0));
-    // Strips of G tokens: 64 for short sequences; longer ones take longer strips so that the
-    // per-strip table partials (strips x reachable rows) stay near 16 x the tokens.
+    // Strips of G tokens reach at most W expanded rows; a whole sample reaches WP.
     s->G = 64;
-    while (s->G < 1024 && s->G * 16 < longest) s->G *= 2;
     s->W = std::min(longest + s->G - 1, s->U);
+    s->WP = std::max<std::int64_t>(std::min(2 * longest - 1, s->U), 1);
     for (std::int64_t b = 0; b < q.batch(); ++b) {
         const std::int64_t n = q.structure().size(b, 0),
                            o = q.structure().offsets()[std::size_t(b)];
         for (std::int64_t start = 0; start < n; start += s->G)
             s->tiles.insert(s->tiles.end(), {o, n, start});
+        if (n > 0) s->samples.insert(s->samples.end(), {o, n, 0});
     }
     s->tokens = q.structure().rows();
     if (c.has[AQ]) s->eq = expand(in[std::size_t(c.table_at[AQ])], *s, s->shape.D);
@@ -132,13 +134,13 @@ RelposForward run_forward(std::span<const RaggedTensor> in, Setup& s) {
     return f;
 }
 
-// Sums strip partials [strip][H][W][width] into [H][U][width], then folds expanded rows back
+// Sums per-sample partials [sample][H][WP][width] into [H][U][width], then folds expanded rows back
 // into the map's rows: out[(row * H + h) * width + x], as f64 for the table's dtype.
 std::vector<double> table_grad(Floats& part, std::vector<std::int64_t>& range, const Setup& s,
                                std::int64_t width) {
     Floats expanded(std::size_t(s.H * s.U * width));
     void* bufs[] = {part.data(), range.data(), expanded.data()};
-    const std::int64_t params[] = {s.H, s.U, s.strips(), s.W, width};
+    const std::int64_t params[] = {s.H, s.U, s.nonempty(), s.WP, width};
     kernel(Pass::reduce, s.shape).launch(s.H * s.U, bufs, params);
     const std::int64_t R = s.cfg.map.rows();
     std::vector<double> out(std::size_t(R * s.H * width), 0.0);
@@ -175,21 +177,23 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
     for (int t = 0; t < 3; ++t)
         g.push_back(RaggedTensor::zeros(in[0].dtype(), in[std::size_t(t)].structure_ptr()));
     if (!s->tiles.empty()) {
-        const std::size_t parts = std::size_t(s->strips() * s->H * s->W);
+        // One instance per sample and head in the backward passes: their table partials are
+        // one per sample (not per strip), so they stay O(tokens) for every map.
+        const std::size_t parts = std::size_t(s->nonempty() * s->H * s->WP);
         Floats delta(std::size_t(s->tokens * s->H));
         Floats zq(sh.aq ? parts * std::size_t(sh.D) : 1), zb(sh.bias ? parts : 1);
         Floats zk(sh.ak ? parts * std::size_t(sh.D) : 1);
-        std::vector<std::int64_t> qrange(std::size_t(2 * s->strips())), krange(qrange.size());
+        std::vector<std::int64_t> qrange(std::size_t(2 * s->nonempty())), krange(qrange.size());
         void* qbufs[] = {ptr(in[0]),    ptr(in[1]),          ptr(in[2]),          s->eq.data(),
-                         s->ek.data(),  s->eb.data(),        s->tiles.data(),     ptr(dO),
+                         s->ek.data(),  s->eb.data(),        s->samples.data(),   ptr(dO),
                          ptr(fwd->out), fwd->lse.data.get(), g[0].mutable_data(), delta.data(),
                          zq.data(),     zb.data(),           qrange.data()};
-        kernel(Pass::query_grad, sh).launch(s->strips() * s->H, qbufs, s->params());
+        kernel(Pass::query_grad, sh).launch(s->nonempty() * s->H, qbufs, s->params());
         void* kbufs[] = {
             ptr(in[0]),          ptr(in[1]),          ptr(in[2]), s->eq.data(),        s->ek.data(),
-            s->eb.data(),        s->tiles.data(),     ptr(dO),    fwd->lse.data.get(), delta.data(),
+            s->eb.data(),        s->samples.data(),   ptr(dO),    fwd->lse.data.get(), delta.data(),
             g[1].mutable_data(), g[2].mutable_data(), zk.data(),  krange.data()};
-        kernel(Pass::key_grad, sh).launch(s->strips() * s->H, kbufs, s->params());
+        kernel(Pass::key_grad, sh).launch(s->nonempty() * s->H, kbufs, s->params());
         Floats* partial[] = {&zq, &zk, &zb};
         std::vector<std::int64_t>* ranges[] = {&qrange, &krange, &qrange};
         for (int t : {AQ, AK, BIAS}) {

@@ -30,7 +30,7 @@ const double minus_inf = -INFINITY;
 struct Program {
     Builder b;
     const RelposShape& s;
-    Expr H, Delta, U, G, W, WJ;
+    Expr H, Delta, U, G, W, WP, WJ;
     int q, k, v, eq, ek, eb, tiles;
     Expr tile, h, o, n, start;
 
@@ -40,6 +40,7 @@ struct Program {
         U = b.param("U");
         G = b.param("G");
         W = b.param("W");
+        WP = b.param("WP");
         WJ = min(G + RelposShape::J - 1, U); // rows a (strip, tile) pair reaches
         const kir::Elem e = elem_of(s.dtype);
         q = b.buffer("q", e);
@@ -241,100 +242,117 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
     const int ZK = b.scratch("ZK", s.ak ? p.WJ * J : Expr(1));
     p.own_strip();
-    Expr i0 = p.start, n = p.n;
-    Expr rows = b.let(min(p.G, n - i0), "rows");
-    Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
-    Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
-    p.stage(Qs, p.q, i0, rows, s.D);
-    p.stage(dOs, dO, i0, rows, s.Dv);
+    Expr n = p.n;
+    // The sample's reachable rows; its strips add their shares of the table gradients there.
+    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
+    Expr sw = b.let(p.row(n - 1) - slo + 1, "sw");
+    Expr part = b.let(p.tile * p.H + p.h, "part");
     b.loop(
-        0, rows,
-        [&](Expr g) {
-            int d = b.var(Type::f32, 0.0);
-            b.loop(0, s.Dv, [&](Expr x) {
-                b.set(d, b.get(d) + b.load(dOs, g * s.Dv + x) * b.load(out, p.at(i0 + g, x, s.Dv)));
-            });
-            b.store(Dg, g, b.get(d));
-            b.store(delta, (p.o + i0 + g) * p.H + p.h, b.get(d));
-            b.store(Lg, g, b.load(lse, (p.o + i0 + g) * p.H + p.h));
-            b.loop(0, s.D, [&](Expr x) { b.store(dQ, g * s.D + x, 0.0); });
-            if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
+        0, sw,
+        [&](Expr w) {
+            if (s.aq)
+                b.loop(0, s.D, [&](Expr x) { b.store(zq_part, (part * p.WP + w) * s.D + x, 0.0); });
+            if (s.bias) b.store(zb_part, part * p.WP + w, 0.0);
         },
         Loop::threads);
-    if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
-    Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
-    b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-        Expr j0 = b.let(t * J, "j0");
-        Expr cols = b.let(min(Expr(J), kend - j0), "cols");
-        p.stage(Ks, p.k, j0, cols, s.D);
-        p.stage(Vs, p.v, j0, cols, s.Dv);
-        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
-        Expr klo = b.let(p.row(dmin), "klo");
-        if (s.ak) p.project(ZK, p.WJ, Ks, cols, p.ek, klo, p.row(dmax) - klo + 1, false);
-        Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+    b.loop(0, kir::ceil_div(n, p.G), [&](Expr strip) {
+        Expr i0 = b.let(strip * p.G, "i0");
+        Expr rows = b.let(min(p.G, n - i0), "rows");
+        Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
+        Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
+        p.stage(Qs, p.q, i0, rows, s.D);
+        p.stage(dOs, dO, i0, rows, s.Dv);
         b.loop(
             0, rows,
             [&](Expr g) {
-                Expr i = b.let(i0 + g, "i");
-                // Score gradients by offset; a saturated tile pair adds to one boundary sum.
-                int boundary = b.var(Type::f32, 0.0);
-                p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                    Expr sc = p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ), i,
-                                       j0 + jj);
-                    Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
-                    Expr dp = p.dot(dOs, g * s.Dv, Vs, jj * s.Dv, s.Dv);
-                    Expr gs = b.let(pr * (dp - b.load(Dg, g)) * s.scale, "gs");
-                    b.loop(0, s.D, [&](Expr x) {
-                        b.add_to(dQ, g * s.D + x, gs * b.load(Ks, jj * s.D + x));
+                int d = b.var(Type::f32, 0.0);
+                b.loop(0, s.Dv, [&](Expr x) {
+                    b.set(d, b.get(d) +
+                                 b.load(dOs, g * s.Dv + x) * b.load(out, p.at(i0 + g, x, s.Dv)));
+                });
+                b.store(Dg, g, b.get(d));
+                b.store(delta, (p.o + i0 + g) * p.H + p.h, b.get(d));
+                b.store(Lg, g, b.load(lse, (p.o + i0 + g) * p.H + p.h));
+                b.loop(0, s.D, [&](Expr x) { b.store(dQ, g * s.D + x, 0.0); });
+                if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
+            },
+            Loop::threads);
+        if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
+        Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
+        b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
+            Expr j0 = b.let(t * J, "j0");
+            Expr cols = b.let(min(Expr(J), kend - j0), "cols");
+            p.stage(Ks, p.k, j0, cols, s.D);
+            p.stage(Vs, p.v, j0, cols, s.Dv);
+            Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+            Expr klo = b.let(p.row(dmin), "klo");
+            if (s.ak) p.project(ZK, p.WJ, Ks, cols, p.ek, klo, p.row(dmax) - klo + 1, false);
+            Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+            b.loop(
+                0, rows,
+                [&](Expr g) {
+                    Expr i = b.let(i0 + g, "i");
+                    // Score gradients by offset; a saturated tile pair adds to one boundary sum.
+                    int boundary = b.var(Type::f32, 0.0);
+                    p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
+                        Expr sc = p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ),
+                                           i, j0 + jj);
+                        Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
+                        Expr dp = p.dot(dOs, g * s.Dv, Vs, jj * s.Dv, s.Dv);
+                        Expr gs = b.let(pr * (dp - b.load(Dg, g)) * s.scale, "gs");
+                        b.loop(0, s.D, [&](Expr x) {
+                            b.add_to(dQ, g * s.D + x, gs * b.load(Ks, jj * s.D + x));
+                        });
+                        if (by_row)
+                            b.when(
+                                saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
+                                [&] { b.add_to(dZ, g * p.W + u - qlo, gs); });
                     });
                     if (by_row)
-                        b.when(
-                            saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
-                            [&] { b.add_to(dZ, g * p.W + u - qlo, gs); });
-                });
-                if (by_row)
-                    b.when(saturated, [&] { b.add_to(dZ, g * p.W + klo - qlo, b.get(boundary)); });
+                        b.when(saturated,
+                               [&] { b.add_to(dZ, g * p.W + klo - qlo, b.get(boundary)); });
+                },
+                Loop::threads);
+        });
+        // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                if (s.aq)
+                    b.loop(0, wq, [&](Expr w) {
+                        Expr c = b.let(b.load(dZ, g * p.W + w), "c");
+                        b.loop(0, s.D, [&](Expr x) {
+                            b.add_to(dQ, g * s.D + x, c * b.load(p.eq, p.table(qlo + w, x)));
+                        });
+                    });
+                b.loop(0, s.D,
+                       [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
+            },
+            Loop::threads);
+        b.loop(
+            0, wq,
+            [&](Expr w) {
+                if (s.aq) {
+                    b.loop(0, rows, [&](Expr g) {
+                        Expr c = b.let(b.load(dZ, g * p.W + w), "c");
+                        b.loop(0, s.D, [&](Expr x) {
+                            b.add_to(zq_part, (part * p.WP + qlo - slo + w) * s.D + x,
+                                     c * b.load(Qs, g * s.D + x));
+                        });
+                    });
+                }
+                if (s.bias) {
+                    int sum = b.var(Type::f32, 0.0);
+                    b.loop(0, rows,
+                           [&](Expr g) { b.set(sum, b.get(sum) + b.load(dZ, g * p.W + w)); });
+                    b.add_to(zb_part, part * p.WP + qlo - slo + w, b.get(sum));
+                }
             },
             Loop::threads);
     });
-    // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
-    b.loop(
-        0, rows,
-        [&](Expr g) {
-            if (s.aq)
-                b.loop(0, wq, [&](Expr w) {
-                    Expr c = b.let(b.load(dZ, g * p.W + w), "c");
-                    b.loop(0, s.D, [&](Expr x) {
-                        b.add_to(dQ, g * s.D + x, c * b.load(p.eq, p.table(qlo + w, x)));
-                    });
-                });
-            b.loop(0, s.D,
-                   [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
-        },
-        Loop::threads);
-    Expr part = b.let(p.tile * p.H + p.h, "part");
-    b.loop(
-        0, wq,
-        [&](Expr w) {
-            if (s.aq) {
-                b.loop(0, s.D, [&](Expr x) { b.store(zq_part, (part * p.W + w) * s.D + x, 0.0); });
-                b.loop(0, rows, [&](Expr g) {
-                    Expr c = b.let(b.load(dZ, g * p.W + w), "c");
-                    b.loop(0, s.D, [&](Expr x) {
-                        b.add_to(zq_part, (part * p.W + w) * s.D + x, c * b.load(Qs, g * s.D + x));
-                    });
-                });
-            }
-            if (s.bias) {
-                int sum = b.var(Type::f32, 0.0);
-                b.loop(0, rows, [&](Expr g) { b.set(sum, b.get(sum) + b.load(dZ, g * p.W + w)); });
-                b.store(zb_part, part * p.W + w, b.get(sum));
-            }
-        },
-        Loop::threads);
     b.when(p.h == 0, [&] {
-        b.store(range, p.tile * 2, qlo);
-        b.store(range, p.tile * 2 + 1, wq);
+        b.store(range, p.tile * 2, slo);
+        b.store(range, p.tile * 2 + 1, sw);
     });
     return b.finish();
 }
@@ -357,99 +375,114 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
     const int ZQ = b.scratch("ZQ", s.aq ? p.WJ * J : Expr(1));
     p.own_strip();
-    Expr j0 = p.start, n = p.n;
-    Expr cols = b.let(min(p.G, n - j0), "cols");
-    Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
-    Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
-    p.stage(Ks, p.k, j0, cols, s.D);
-    p.stage(Vs, p.v, j0, cols, s.Dv);
-    b.loop(
-        0, cols,
-        [&](Expr jj) {
-            b.loop(0, s.D, [&](Expr x) { b.store(dK, jj * s.D + x, 0.0); });
-            b.loop(0, s.Dv, [&](Expr x) { b.store(dV, jj * s.Dv + x, 0.0); });
-            if (s.ak) b.loop(0, wk, [&](Expr w) { b.store(dZ, jj * p.W + w, 0.0); });
-        },
-        Loop::threads);
-    if (s.ak) p.project(ZK, p.W, Ks, cols, p.ek, klo, wk, false);
-    Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
-    b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
-        Expr i0 = b.let(first + t * J, "i0");
-        Expr rows = b.let(min(Expr(J), n - i0), "rows");
-        p.stage(Qt, p.q, i0, rows, s.D);
-        p.stage(dOt, dO, i0, rows, s.Dv);
+    Expr n = p.n;
+    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
+    Expr sw = b.let(p.row(n - 1) - slo + 1, "sw");
+    Expr part = b.let(p.tile * p.H + p.h, "part");
+    if (s.ak)
         b.loop(
-            0, rows,
-            [&](Expr ii) {
-                b.store(Lt, ii, b.load(lse, (p.o + i0 + ii) * p.H + p.h));
-                b.store(Dt, ii, b.load(delta, (p.o + i0 + ii) * p.H + p.h));
+            0, sw,
+            [&](Expr w) {
+                b.loop(0, s.D, [&](Expr x) { b.store(zk_part, (part * p.WP + w) * s.D + x, 0.0); });
             },
             Loop::threads);
-        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
-        Expr qlo = b.let(p.row(dmin), "qlo");
-        if (s.aq) p.project(ZQ, p.WJ, Qt, rows, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
-        Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+    b.loop(0, kir::ceil_div(n, p.G), [&](Expr strip) {
+        Expr j0 = b.let(strip * p.G, "j0");
+        Expr cols = b.let(min(p.G, n - j0), "cols");
+        Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
+        Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
+        p.stage(Ks, p.k, j0, cols, s.D);
+        p.stage(Vs, p.v, j0, cols, s.Dv);
         b.loop(
             0, cols,
             [&](Expr jj) {
-                Expr j = b.let(j0 + jj, "j");
-                int boundary = b.var(Type::f32, 0.0);
-                p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
-                    Expr sc = p.masked(p.score(Qt, ii, Ks, jj, u, ZQ, qlo, p.WJ, ZK, klo, p.W),
-                                       i0 + ii, j);
-                    Expr pr = b.let(exp(sc - b.load(Lt, ii)), "p");
-                    b.loop(0, s.Dv, [&](Expr x) {
-                        b.add_to(dV, jj * s.Dv + x, pr * b.load(dOt, ii * s.Dv + x));
-                    });
-                    Expr dp = p.dot(dOt, ii * s.Dv, Vs, jj * s.Dv, s.Dv);
-                    Expr gs = b.let(pr * (dp - b.load(Dt, ii)) * s.scale, "gs");
-                    b.loop(0, s.D, [&](Expr x) {
-                        b.add_to(dK, jj * s.D + x, gs * b.load(Qt, ii * s.D + x));
+                b.loop(0, s.D, [&](Expr x) { b.store(dK, jj * s.D + x, 0.0); });
+                b.loop(0, s.Dv, [&](Expr x) { b.store(dV, jj * s.Dv + x, 0.0); });
+                if (s.ak) b.loop(0, wk, [&](Expr w) { b.store(dZ, jj * p.W + w, 0.0); });
+            },
+            Loop::threads);
+        if (s.ak) p.project(ZK, p.W, Ks, cols, p.ek, klo, wk, false);
+        Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
+        b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
+            Expr i0 = b.let(first + t * J, "i0");
+            Expr rows = b.let(min(Expr(J), n - i0), "rows");
+            p.stage(Qt, p.q, i0, rows, s.D);
+            p.stage(dOt, dO, i0, rows, s.Dv);
+            b.loop(
+                0, rows,
+                [&](Expr ii) {
+                    b.store(Lt, ii, b.load(lse, (p.o + i0 + ii) * p.H + p.h));
+                    b.store(Dt, ii, b.load(delta, (p.o + i0 + ii) * p.H + p.h));
+                },
+                Loop::threads);
+            Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+            Expr qlo = b.let(p.row(dmin), "qlo");
+            if (s.aq) p.project(ZQ, p.WJ, Qt, rows, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
+            Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+            b.loop(
+                0, cols,
+                [&](Expr jj) {
+                    Expr j = b.let(j0 + jj, "j");
+                    int boundary = b.var(Type::f32, 0.0);
+                    p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
+                        Expr sc = p.masked(p.score(Qt, ii, Ks, jj, u, ZQ, qlo, p.WJ, ZK, klo, p.W),
+                                           i0 + ii, j);
+                        Expr pr = b.let(exp(sc - b.load(Lt, ii)), "p");
+                        b.loop(0, s.Dv, [&](Expr x) {
+                            b.add_to(dV, jj * s.Dv + x, pr * b.load(dOt, ii * s.Dv + x));
+                        });
+                        Expr dp = p.dot(dOt, ii * s.Dv, Vs, jj * s.Dv, s.Dv);
+                        Expr gs = b.let(pr * (dp - b.load(Dt, ii)) * s.scale, "gs");
+                        b.loop(0, s.D, [&](Expr x) {
+                            b.add_to(dK, jj * s.D + x, gs * b.load(Qt, ii * s.D + x));
+                        });
+                        if (s.ak)
+                            b.when(
+                                saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
+                                [&] { b.add_to(dZ, jj * p.W + u - klo, gs); });
                     });
                     if (s.ak)
-                        b.when(
-                            saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
-                            [&] { b.add_to(dZ, jj * p.W + u - klo, gs); });
-                });
-                if (s.ak)
-                    b.when(saturated, [&] { b.add_to(dZ, jj * p.W + qlo - klo, b.get(boundary)); });
-            },
-            Loop::threads);
-    });
-    b.loop(
-        0, cols,
-        [&](Expr jj) {
-            if (s.ak)
-                b.loop(0, wk, [&](Expr w) {
-                    Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
-                    b.loop(0, s.D, [&](Expr x) {
-                        b.add_to(dK, jj * s.D + x, c * b.load(p.ek, p.table(klo + w, x)));
-                    });
-                });
-            b.loop(0, s.D,
-                   [&](Expr x) { b.store(dk, p.at(j0 + jj, x, s.D), b.load(dK, jj * s.D + x)); });
-            b.loop(0, s.Dv,
-                   [&](Expr x) { b.store(dv, p.at(j0 + jj, x, s.Dv), b.load(dV, jj * s.Dv + x)); });
-        },
-        Loop::threads);
-    if (s.ak) {
-        Expr part = b.let(p.tile * p.H + p.h, "part");
+                        b.when(saturated,
+                               [&] { b.add_to(dZ, jj * p.W + qlo - klo, b.get(boundary)); });
+                },
+                Loop::threads);
+        });
         b.loop(
-            0, wk,
-            [&](Expr w) {
-                b.loop(0, s.D, [&](Expr x) { b.store(zk_part, (part * p.W + w) * s.D + x, 0.0); });
-                b.loop(0, cols, [&](Expr jj) {
-                    Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
-                    b.loop(0, s.D, [&](Expr x) {
-                        b.add_to(zk_part, (part * p.W + w) * s.D + x, c * b.load(Ks, jj * s.D + x));
+            0, cols,
+            [&](Expr jj) {
+                if (s.ak)
+                    b.loop(0, wk, [&](Expr w) {
+                        Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
+                        b.loop(0, s.D, [&](Expr x) {
+                            b.add_to(dK, jj * s.D + x, c * b.load(p.ek, p.table(klo + w, x)));
+                        });
                     });
+                b.loop(0, s.D, [&](Expr x) {
+                    b.store(dk, p.at(j0 + jj, x, s.D), b.load(dK, jj * s.D + x));
+                });
+                b.loop(0, s.Dv, [&](Expr x) {
+                    b.store(dv, p.at(j0 + jj, x, s.Dv), b.load(dV, jj * s.Dv + x));
                 });
             },
             Loop::threads);
-    }
+        if (s.ak) {
+            b.loop(
+                0, wk,
+                [&](Expr w) {
+                    b.loop(0, cols, [&](Expr jj) {
+                        Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
+                        b.loop(0, s.D, [&](Expr x) {
+                            b.add_to(zk_part, (part * p.WP + klo - slo + w) * s.D + x,
+                                     c * b.load(Ks, jj * s.D + x));
+                        });
+                    });
+                },
+                Loop::threads);
+        }
+    });
     b.when(p.h == 0, [&] {
-        b.store(range, p.tile * 2, klo);
-        b.store(range, p.tile * 2 + 1, wk);
+        b.store(range, p.tile * 2, slo);
+        b.store(range, p.tile * 2 + 1, sw);
     });
     return b.finish();
 }

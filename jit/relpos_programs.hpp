@@ -26,21 +26,24 @@ struct RelposShape {
 };
 
 // Parameters shared by the programs, in this order: heads H, Delta, rows U = 2 Delta + 1, the
-// strip G, and W, the most reachable rows of a strip (scratch sizing).
-enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_COUNT };
+// strip G, W, the most rows a strip reaches (scratch sizing), and WP, the most rows a sample
+// reaches (the stride of table partials).
+enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_WP, P_COUNT };
 
 // Forward: buffers q, k, v, eq, ek, eb, tiles, out, lse; writes O and the row log-sum-exp.
 kir::Kernel relpos_forward_program(const RelposShape& s);
-// Query pass of the backward: buffers q, k, v, eq, ek, eb, tiles, dO, out, lse, dq, delta
-// (D_i = dO_i . O_i, written for the key pass), zq_part (per strip and head: dZQ^T Q over its
-// reachable rows, W x D), zb_part (column sums of dZQ, W), range (per strip: lo, W).
+// Query pass of the backward, one instance per sample and head, looping over the sample's
+// strips: buffers q, k, v, eq, ek, eb, samples (tile entries with start 0), dO, out, lse, dq,
+// delta (D_i = dO_i . O_i, written for the key pass), zq_part (per sample and head: dZQ^T Q
+// over the sample's reachable rows, WP x D), zb_part (column sums of dZQ, WP), range (per
+// sample: first row, rows).
 kir::Kernel relpos_query_grad_program(const RelposShape& s);
-// Key pass: buffers q, k, v, eq, ek, eb, tiles, dO, lse, delta, dk, dv, zk_part (dZK^T K),
-// range (per strip: lo, W).
+// Key pass, likewise per sample and head: buffers q, k, v, eq, ek, eb, samples, dO, lse,
+// delta, dk, dv, zk_part (dZK^T K), range.
 kir::Kernel relpos_key_grad_program(const RelposShape& s);
-// Fixed-order reduction of strip partials into expanded-table gradients: instance = head * U
-// + u sums, over strips in order, the partial rows that reach u. Buffers part, range, out
-// ([H][U][width]); parameters H, U, strips, W, width.
+// Fixed-order reduction of per-sample partials into expanded-table gradients: instance
+// head * U + u sums, over samples in order, the partial rows that reach u. Buffers part,
+// range, out ([H][U][width]); parameters H, U, samples, WP, width.
 kir::Kernel relpos_table_reduce_program();
 
 } // namespace rag::jit
