@@ -1,8 +1,14 @@
 #include "jit/cpu_jit.hpp"
 
 #include "jit/elementwise_llvm.hpp"
+#include "jit/index_map.hpp"
+#include "jit/layout.hpp"
 #include "jit/llvm_jit.hpp"
+#include "jit/llvm_loops.hpp"
+#include "jit/rowwise.hpp"
 #include "jit/segmented.hpp"
+#include "jit/step_profile.hpp"
+#include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
 
@@ -17,67 +23,95 @@
 namespace rag::jit {
 namespace {
 
+// rows[k]: the element count of a row-access input. Row mode (groups with gather or row
+// inputs) runs rows [begin, end) of `width` elements and reads gather input k at
+// maps[k][row] (+ the element's place in the row); flat mode runs elements [begin, end).
 using Kernel = void (*)(std::int64_t begin, std::int64_t end, void* const* in, void* const* out,
-                        const std::int64_t* rows);
+                        const std::int64_t* rows, const std::int64_t* const* maps,
+                        std::int64_t width);
+
+bool row_mode(const FusedGroup& g) {
+    for (const auto& in : g.inputs)
+        if (in.access != Access::full && in.access != Access::scalar) return true;
+    return false;
+}
 
 // Emits the body of one fused loop: element i of every output from element i of the inputs.
 class GroupEmitter {
   public:
     GroupEmitter(llvm::Module& m, const ir::Function& f, const FusedGroup& g)
-        : m_(m), f_(f), g_(g), b_(m.getContext()),
-          t_(g.dtype == DType::f32 ? b_.getFloatTy() : b_.getDoubleTy()) {}
+        : m_(m), f_(f), g_(g), t_(g.dtype == DType::f32 ? llvm::Type::getFloatTy(m.getContext())
+                                                        : llvm::Type::getDoubleTy(m.getContext())) {
+    }
 
     void emit(const std::string& name) {
         auto& ctx = m_.getContext();
-        auto* i64 = b_.getInt64Ty();
+        auto* i64 = llvm::Type::getInt64Ty(ctx);
         auto* ptr = llvm::PointerType::get(ctx, 0);
-        auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr}, false);
-        auto* fn = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
-        auto args = fn->arg_begin();
-        llvm::Value *begin = args++, *end = args++, *ins = args++, *outs = args++, *rows = args++;
-        auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
-        auto* loop = llvm::BasicBlock::Create(ctx, "loop", fn);
-        auto* body = llvm::BasicBlock::Create(ctx, "body", fn);
-        auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
-        b_.SetInsertPoint(entry);
-        std::vector<llvm::Value*> in_ptr, row_len, out_ptr;
+        LoopBuilder L(m_, name, {i64, i64, ptr, ptr, ptr, ptr, i64});
+        auto& b = L.b;
+        llvm::Value *begin = L.arg(0), *end = L.arg(1), *ins = L.arg(2), *outs = L.arg(3),
+                    *rows = L.arg(4), *maps = L.arg(5), *width = L.arg(6);
+        std::vector<llvm::Value*> in_ptr, row_len, map_ptr, out_ptr;
         for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
-            in_ptr.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ins, k)));
-            row_len.push_back(b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, rows, k)));
+            in_ptr.push_back(b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, ins, k)));
+            row_len.push_back(b.CreateLoad(i64, b.CreateConstGEP1_64(i64, rows, k)));
+            map_ptr.push_back(g_.inputs[k].access == Access::gather ||
+                                      g_.inputs[k].access == Access::gather_bcast
+                                  ? b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, maps, k))
+                                  : nullptr);
         }
         for (std::size_t k = 0; k < g_.outputs.size(); ++k)
-            out_ptr.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, outs, k)));
-        b_.CreateBr(loop);
-        b_.SetInsertPoint(loop);
-        auto* i = b_.CreatePHI(i64, 2);
-        i->addIncoming(begin, entry);
-        b_.CreateCondBr(b_.CreateICmpSLT(i, end), body, exit);
-        b_.SetInsertPoint(body);
-        for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
-            llvm::Value* at = g_.inputs[k].access == Access::full  ? static_cast<llvm::Value*>(i)
-                              : g_.inputs[k].access == Access::row ? b_.CreateURem(i, row_len[k])
-                                                                   : b_.getInt64(0);
-            vals_[g_.inputs[k].value] = b_.CreateLoad(t_, b_.CreateGEP(t_, in_ptr[k], at));
-        }
-        for (int v : g_.nodes) {
-            const ir::Node& n = f_.nodes[std::size_t(v)];
-            std::vector<llvm::Value*> args;
-            for (int a : n.args) args.push_back(vals_.at(a));
-            vals_[v] = emit_elementwise(b_, m_, host_math(), n, args, t_);
-        }
-        for (std::size_t k = 0; k < g_.outputs.size(); ++k)
-            b_.CreateStore(vals_[g_.outputs[k]], b_.CreateGEP(t_, out_ptr[k], i));
-        i->addIncoming(b_.CreateAdd(i, b_.getInt64(1)), body);
-        b_.CreateBr(loop);
-        b_.SetInsertPoint(exit);
-        b_.CreateRetVoid();
+            out_ptr.push_back(b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, outs, k)));
+        // Element i (row r, place j in the row): load the inputs, compute, store the outputs.
+        auto element = [&](llvm::Value* i, llvm::Value* r, llvm::Value* j) {
+            for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
+                llvm::Value* at = nullptr;
+                switch (g_.inputs[k].access) {
+                case Access::full:
+                    at = i;
+                    break;
+                case Access::scalar:
+                    at = b.getInt64(0);
+                    break;
+                case Access::row: // in row mode the operand repeats inside each row
+                    at = r ? b.CreateSelect(b.CreateICmpEQ(row_len[k], width), j,
+                                            b.CreateURem(j, row_len[k]))
+                           : b.CreateURem(i, row_len[k]);
+                    break;
+                case Access::gather:
+                    at = b.CreateAdd(L.load(i64, map_ptr[k], r), j);
+                    break;
+                case Access::gather_bcast:
+                    at = L.load(i64, map_ptr[k], r);
+                    break;
+                }
+                vals_[g_.inputs[k].value] = L.load(t_, in_ptr[k], at);
+            }
+            for (int v : g_.nodes) {
+                const ir::Node& n = f_.nodes[std::size_t(v)];
+                std::vector<llvm::Value*> args;
+                for (int a : n.args) args.push_back(vals_.at(a));
+                vals_[v] = emit_elementwise(b, m_, host_math(), n, args, t_);
+            }
+            for (std::size_t k = 0; k < g_.outputs.size(); ++k)
+                L.store(vals_[g_.outputs[k]], out_ptr[k], i);
+        };
+        if (row_mode(g_))
+            L.loop(begin, end, [&](llvm::Value* r) {
+                llvm::Value* base = b.CreateMul(r, width);
+                L.loop(b.getInt64(0), width,
+                       [&](llvm::Value* j) { element(b.CreateAdd(base, j), r, j); });
+            });
+        else
+            L.loop(begin, end, [&](llvm::Value* i) { element(i, nullptr, nullptr); });
+        L.finish();
     }
 
   private:
     llvm::Module& m_;
     const ir::Function& f_;
     const FusedGroup& g_;
-    llvm::IRBuilder<> b_;
     llvm::Type* t_;
     std::map<int, llvm::Value*> vals_;
 };
@@ -99,7 +133,10 @@ class CompiledCpu final : public CpuFunction {
              add_module(std::move(m), std::move(ctx), plan_.groups.size(), prefix, &ir_, &tracker_))
             kernels_.push_back(reinterpret_cast<Kernel>(k));
     }
-    ~CompiledCpu() override { remove_module(tracker_); }
+    ~CompiledCpu() override {
+        profile_.print(plan_, f_);
+        remove_module(tracker_);
+    }
 
     const Plan& plan() const override { return plan_; }
     const std::string& llvm_ir() const override { return ir_; }
@@ -121,15 +158,12 @@ class CompiledCpu final : public CpuFunction {
                     DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
             }
         }
-        for (const Step& s : plan_.steps) {
-            if (s.kind == Step::Kind::fused)
-                run_group(std::size_t(s.index), vals);
-            else if (s.kind == Step::Kind::segmented)
-                vals[std::size_t(s.index)] = run_segmented(f_.nodes[std::size_t(s.index)], vals);
-            else if (s.kind == Step::Kind::gemm)
-                run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
-            else
-                reference(std::size_t(s.index), vals);
+        if (profile_.on()) profile_.count_call();
+        for (std::size_t k = 0; k < plan_.steps.size(); ++k) {
+            const Step& s = plan_.steps[k];
+            const double t0 = profile_.on() ? StepProfile::now() : 0.0;
+            run_step(s, vals);
+            if (profile_.on()) profile_.add(k, StepProfile::now() - t0);
         }
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
@@ -137,6 +171,21 @@ class CompiledCpu final : public CpuFunction {
     }
 
   private:
+    void run_step(const Step& s, std::vector<RaggedTensor>& vals) const {
+        if (s.kind == Step::Kind::fused)
+            run_group(std::size_t(s.index), vals);
+        else if (s.kind == Step::Kind::segmented)
+            vals[std::size_t(s.index)] = run_segmented(f_.nodes[std::size_t(s.index)], vals);
+        else if (s.kind == Step::Kind::layout)
+            vals[std::size_t(s.index)] = run_layout(f_.nodes[std::size_t(s.index)], vals);
+        else if (s.kind == Step::Kind::rowwise)
+            run_rowwise(f_, s.index, s.also, vals);
+        else if (s.kind == Step::Kind::gemm)
+            run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
+        else
+            reference(std::size_t(s.index), vals);
+    }
+
     void reference(std::size_t i, std::vector<RaggedTensor>& vals) const {
         const ir::Node& n = f_.nodes[i];
         std::vector<RaggedTensor> args;
@@ -146,36 +195,49 @@ class CompiledCpu final : public CpuFunction {
 
     void run_group(std::size_t g, std::vector<RaggedTensor>& vals) const {
         const FusedGroup& grp = plan_.groups[g];
-        const RaggedTensor* shape_from = nullptr;
-        bool same = true;
-        for (const auto& in : grp.inputs) {
-            if (in.access != Access::full) continue;
-            const RaggedTensor& t = vals[std::size_t(in.value)];
-            if (!shape_from)
-                shape_from = &t;
-            else
-                same = same && t.structure().same_as(shape_from->structure());
+        std::vector<const RaggedTensor*> shaped; // the operands the loop's structure comes from
+        for (const auto& in : grp.inputs)
+            if (in.access != Access::row && in.access != Access::scalar)
+                shaped.push_back(&vals[std::size_t(in.value)]);
+        StructurePtr st = broadcast_structure(f_.type(grp.nodes.front()).shape, shaped);
+        const bool rowwise = row_mode(grp);
+        const std::int64_t width = st ? st->row_width() : 0;
+        bool ok = st != nullptr;
+        std::vector<void*> in, out;
+        std::vector<std::int64_t> rows;
+        std::vector<std::vector<std::int64_t>> map_store(grp.inputs.size());
+        std::vector<const std::int64_t*> maps(grp.inputs.size(), nullptr);
+        for (std::size_t k = 0; ok && k < grp.inputs.size(); ++k) {
+            const RaggedTensor& t = vals[std::size_t(grp.inputs[k].value)];
+            in.push_back(const_cast<void*>(t.data()));
+            rows.push_back(std::max<std::int64_t>(t.numel(), 1));
+            const Access a = grp.inputs[k].access;
+            if (a == Access::row && rowwise && width % rows.back() != 0) ok = false;
+            if (a == Access::gather && t.structure().row_width() != width) ok = false;
+            if (ok && (a == Access::gather || a == Access::gather_bcast)) {
+                map_store[k] = gather_rows(*st, t);
+                maps[k] = map_store[k].data();
+            }
         }
-        if (!shape_from ||
-            !same) { // unequal runtime extents: the reference kernels say which sample
+        if (!ok) { // unequal runtime extents: the reference kernels say which sample
             for (int v : grp.nodes) reference(std::size_t(v), vals);
             return;
         }
-        const StructurePtr& st = shape_from->structure_ptr();
-        std::vector<void*> in, out;
-        std::vector<std::int64_t> rows;
-        for (const auto& x : grp.inputs) {
-            const RaggedTensor& t = vals[std::size_t(x.value)];
-            in.push_back(const_cast<void*>(t.data()));
-            rows.push_back(std::max<std::int64_t>(t.numel(), 1));
-        }
         for (int o : grp.outputs) {
-            vals[std::size_t(o)] = RaggedTensor::zeros(grp.dtype, st);
+            vals[std::size_t(o)] = uninitialized(grp.dtype, st);
             out.push_back(vals[std::size_t(o)].mutable_data());
         }
         Kernel k = kernels_[g];
+        if (rowwise) {
+            if (width == 0) return;
+            parallel_for(st->rows(), std::max<std::int64_t>(1, (1 << 15) / width),
+                         [&](std::int64_t b, std::int64_t e) {
+                             k(b, e, in.data(), out.data(), rows.data(), maps.data(), width);
+                         });
+            return;
+        }
         parallel_for(st->numel(), 1 << 15, [&](std::int64_t b, std::int64_t e) {
-            k(b, e, in.data(), out.data(), rows.data());
+            k(b, e, in.data(), out.data(), rows.data(), maps.data(), width);
         });
     }
 
@@ -188,17 +250,21 @@ class CompiledCpu final : public CpuFunction {
         const bool weight_grad = n.op == "matmul_weight_grad";
         const std::int64_t C = weight_grad ? n.type.shape.axes[0].extent : b.shape().axes[0].extent;
         const std::int64_t D = weight_grad ? n.type.shape.axes[1].extent : b.shape().axes[1].extent;
+        StructurePtr st;
         if (weight_grad) {
-            result = RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, 1, {C, D}));
+            st = Structure::make(n.type.shape, 1, {C, D});
         } else {
             std::vector<std::int64_t> sizes = a.structure().sizes();
             const int d = a.structure().rank();
             for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
-            result =
-                RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, a.batch(), sizes));
+            st = Structure::make(n.type.shape, a.batch(), sizes);
         }
         const std::int64_t rows = C ? a.numel() / C : 0;
-        if (rows == 0 || C == 0 || D == 0) return; // zeros
+        if (rows == 0 || C == 0 || D == 0) { // nothing to multiply: zeros
+            result = RaggedTensor::zeros(n.type.dtype, st);
+            return;
+        }
+        result = uninitialized(n.type.dtype, st); // the GEMM (beta = 0) writes every element
         // Row-major: out[rows, D] = a[rows, C] b[C, D], or out[C, D] = a[rows, C]^T b[rows, D].
         const auto ta = weight_grad ? CblasTrans : CblasNoTrans;
         const int m = int(weight_grad ? C : rows), k = int(weight_grad ? rows : C);
@@ -219,6 +285,7 @@ class CompiledCpu final : public CpuFunction {
     std::string ir_;
     llvm::orc::ResourceTrackerSP tracker_;
     std::vector<Kernel> kernels_;
+    StepProfile profile_;
 };
 
 } // namespace

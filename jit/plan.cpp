@@ -1,5 +1,7 @@
 #include "jit/plan.hpp"
 
+#include "jit/layout.hpp"
+#include "jit/rowwise.hpp"
 #include "jit/segmented.hpp"
 
 #include <set>
@@ -12,11 +14,32 @@ const std::set<std::string, std::less<>> fusable = {
     "neg",  "exp", "log", "sqrt", "rsqrt", "abs", "tanh",    "sigmoid", "relu", "gelu",
     "silu", "add", "sub", "mul",  "div",   "pow", "maximum", "minimum", "scale"};
 
+bool is_one(const Axis& a) {
+    return a.kind == AxisKind::fixed && a.extent == 1;
+}
+
+// A batched operand broadcast to `out` along extent-1 axes: gather when its non-ragged axes
+// (the row elements) are out's, gather_bcast when it is 1 on all of them.
+std::optional<Access> gather_access(const Shape& in, const Shape& out) {
+    if (!out.batched || in.sample_rank() != out.sample_rank()) return std::nullopt;
+    bool same_row = true, one_row = true;
+    for (std::size_t a = 0; a < in.axes.size(); ++a) {
+        const Axis &x = in.axes[a], &y = out.axes[a];
+        if (!(x == y) && !is_one(x)) return std::nullopt;
+        if (y.is_ragged()) continue;
+        same_row = same_row && x == y;
+        one_row = one_row && is_one(x);
+    }
+    if (same_row) return Access::gather;
+    if (one_row) return Access::gather_bcast;
+    return std::nullopt;
+}
+
 // How a fused loop over `out` values can read `in`, if it can.
 std::optional<Access> access(const Schema& in, const Schema& out) {
     if (in.dtype != out.dtype) return std::nullopt;
     if (in.shape == out.shape) return Access::full;
-    if (in.shape.batched) return std::nullopt;
+    if (in.shape.batched) return gather_access(in.shape, out.shape);
     if (in.shape.axes.empty()) return Access::scalar;
     // An unbatched array equal to the trailing static axes of the loop's shape: those axes
     // are the innermost storage positions, so the operand repeats every prod(extents).
@@ -37,9 +60,11 @@ bool fusable_node(const ir::Function& f, const ir::Node& n) {
     if (!n.type.shape.batched && n.type.shape.axes.empty()) return false; // scalars: not worth it
     for (int a : n.args)
         if (!access(f.type(a), n.type)) return false;
-    // The loop's structure comes from a full operand.
-    for (int a : n.args)
-        if (access(f.type(a), n.type) == Access::full) return true;
+    // The loop's structure comes from its full and gather operands.
+    for (int a : n.args) {
+        auto x = access(f.type(a), n.type);
+        if (x == Access::full || x == Access::gather || x == Access::gather_bcast) return true;
+    }
     return false;
 }
 
@@ -52,9 +77,10 @@ bool is_fusable_op(std::string_view op) {
 Plan make_plan(const ir::Function& f) {
     Plan p;
     std::vector<int> group_of(f.nodes.size(), -1);
+    std::vector<bool> done(f.nodes.size(), false); // computed by an earlier rowwise step
     for (std::size_t i = 0; i < f.nodes.size(); ++i) {
         const ir::Node& n = f.nodes[i];
-        if (n.op == "input" || n.op == "const") continue;
+        if (n.op == "input" || n.op == "const" || done[i]) continue;
         if (fusable_node(f, n)) {
             // Extend the group of the previous step when it has this shape and dtype.
             bool extend = !p.steps.empty() && p.steps.back().kind == Step::Kind::fused;
@@ -65,20 +91,33 @@ Plan make_plan(const ir::Function& f) {
             }
             if (!extend) {
                 p.groups.push_back({{}, {}, {}, n.type.dtype});
-                p.steps.push_back({Step::Kind::fused, int(p.groups.size()) - 1});
+                p.steps.push_back({Step::Kind::fused, int(p.groups.size()) - 1, {}});
             }
             p.groups.back().nodes.push_back(int(i));
             group_of[i] = int(p.groups.size()) - 1;
+            continue;
+        }
+        if (is_rowwise(n)) {
+            // layernorm_grad wrt=0, 1, 2 of one call: one pass computes them all.
+            Step s{Step::Kind::rowwise, int(i), {}};
+            for (std::size_t j = i + 1; j < f.nodes.size(); ++j)
+                if (same_norm_grad(n, f.nodes[j])) {
+                    s.also.push_back(int(j));
+                    done[j] = true;
+                }
+            p.steps.push_back(std::move(s));
             continue;
         }
         const Schema& t = n.type;
         const bool float_type = t.dtype == DType::f32 || t.dtype == DType::f64;
         bool gemm = float_type && ((n.op == "matmul" && !f.type(n.args[1]).shape.batched) ||
                                    n.op == "matmul_weight_grad");
-        p.steps.push_back({gemm                 ? Step::Kind::gemm
-                           : is_segmented(f, n) ? Step::Kind::segmented
-                                                : Step::Kind::reference,
-                           int(i)});
+        p.steps.push_back({gemm                                    ? Step::Kind::gemm
+                           : is_segmented(f, n)                    ? Step::Kind::segmented
+                           : layout_kind(f, n) != LayoutKind::none ? Step::Kind::layout
+                                                                   : Step::Kind::reference,
+                           int(i),
+                           {}});
     }
     // Inputs (values from outside the group) and outputs (values used outside or returned).
     std::vector<bool> used_outside(f.nodes.size(), false);
@@ -108,8 +147,13 @@ std::string print(const Plan& p, const ir::Function& f) {
             const ir::Node& n = f.nodes[std::size_t(s.index)];
             os << (s.kind == Step::Kind::gemm        ? "gemm      %"
                    : s.kind == Step::Kind::segmented ? "segmented %"
-                                                     : "reference %")
-               << s.index << " = " << n.op << "\n";
+                   : s.kind == Step::Kind::rowwise   ? "rowwise   %"
+                   : s.kind == Step::Kind::layout
+                       ? (layout_kind(f, n) == LayoutKind::view ? "view      %" : "permute   %")
+                       : "reference %")
+               << s.index;
+            for (int a : s.also) os << " %" << a;
+            os << " = " << n.op << "\n";
             continue;
         }
         const FusedGroup& g = p.groups[std::size_t(s.index)];
@@ -119,9 +163,11 @@ std::string print(const Plan& p, const ir::Function& f) {
         os << "  in:";
         for (const auto& in : g.inputs)
             os << " %" << in.value
-               << (in.access == Access::full  ? ""
-                   : in.access == Access::row ? "(row)"
-                                              : "(scalar)");
+               << (in.access == Access::full           ? ""
+                   : in.access == Access::row          ? "(row)"
+                   : in.access == Access::gather       ? "(gather)"
+                   : in.access == Access::gather_bcast ? "(gather bcast)"
+                                                       : "(scalar)");
         os << "  out:";
         for (int o : g.outputs) os << " %" << o;
         os << "\n";

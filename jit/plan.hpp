@@ -1,8 +1,10 @@
 // Kernel plans: how a function runs on the CPU tier. Runs of consecutive elementwise nodes of
 // one shape and float dtype become one fused loop over the packed storage (compiled by LLVM);
 // `x @ W` over packed rows and its weight gradient (x^T g summed over all rows) become one BLAS
-// GEMM each; `sum`/`mean` over one axis and their gradients run as segmented loops
-// (jit/segmented.hpp); every other op runs its reference kernel.
+// GEMM each; `sum`/`mean` (over one axis or globally), their gradients and `sum_to` run as
+// segmented loops (jit/segmented.hpp); layernorm/rmsnorm and their gradients as row loops
+// (jit/rowwise.hpp); index/index_grad/transpose that move no data or whole rows as views or
+// row copies (jit/layout.hpp); every other op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
 #include "ir/ir.hpp"
@@ -14,6 +16,11 @@ enum class Access {
     full,   // the operand has the loop's structure: element i
     row,    // an unbatched array equal to the loop's static tail: element i % its size
     scalar, // an unbatched scalar: element 0
+    // A batched operand broadcast to the loop's shape along extent-1 axes (the pair-creating
+    // `[B, ~N, 1, C] + [B, 1, ~N, C]`): row r of the loop reads the operand's row map[r], an
+    // index map built at run time from sizes and offsets (jit/index_map.hpp).
+    gather,       // the operand's rows have the loop's row elements: element map[r] + j
+    gather_bcast, // the operand is broadcast inside rows too (one element per row): map[r]
 };
 
 struct FusedInput {
@@ -29,8 +36,9 @@ struct FusedGroup {
 };
 
 struct Step {
-    enum class Kind { fused, gemm, segmented, reference } kind;
-    int index; // the group (fused) or the IR node (gemm, reference)
+    enum class Kind { fused, gemm, segmented, rowwise, layout, reference } kind;
+    int index;             // the group (fused) or the IR node (the others)
+    std::vector<int> also; // rowwise: sibling gradient nodes the same pass computes
 };
 
 struct Plan {

@@ -1,12 +1,15 @@
 #include "jit/segmented.hpp"
 
 #include "jit/llvm_jit.hpp"
+#include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
+#include "runtime/parallel.hpp"
 
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
 
+#include <algorithm>
 #include <mutex>
 
 namespace rag::jit {
@@ -122,7 +125,12 @@ std::optional<AxisPlan> axis_plan(const Shape& x, const Attrs& at) {
     return AxisPlan{false, int(a - 1)};
 }
 
-// Per sample: where the big and small blocks start, and the (outer, n, inner) extents.
+// Work per segment entry: a sample's `outer` extent is cut into pieces of about this many
+// elements, so long samples spread over threads (pieces are independent: no shared sums).
+constexpr std::int64_t piece_elements = 1 << 14;
+
+// Per sample: where the big and small blocks start, and the (outer, n, inner) extents; a
+// sample's outer extent is split into independent pieces.
 std::vector<std::int64_t> segments(const Structure& big, const Structure& small,
                                    const AxisPlan& p) {
     std::vector<std::int64_t> seg;
@@ -138,9 +146,106 @@ std::vector<std::int64_t> segments(const Structure& big, const Structure& small,
                 if (pos > q) inner *= big.size(i, a);
             }
         }
-        seg.insert(seg.end(), {big.sample_begin(i), small.sample_begin(i), outer, n, inner});
+        const std::int64_t step =
+            std::max<std::int64_t>(1, piece_elements / std::max<std::int64_t>(n * inner, 1));
+        for (std::int64_t o = 0; o < outer || o == 0; o += step)
+            seg.insert(seg.end(),
+                       {big.sample_begin(i) + o * n * inner, small.sample_begin(i) + o * inner,
+                        std::min(step, outer - o), n, inner});
     }
     return seg;
+}
+
+// Runs kernel k over every segment entry, entries spread over threads.
+void run_segments(SegKernel k, const std::vector<std::int64_t>& seg, const void* from, void* to) {
+    const std::int64_t count = std::int64_t(seg.size() / 5);
+    parallel_for(count, 1,
+                 [&](std::int64_t b, std::int64_t e) { k(e - b, seg.data() + 5 * b, from, to); });
+}
+
+// Rows per block of a whole-batch sum: fixed, so the order of additions (inside a block, then
+// block after block) does not depend on the thread count.
+constexpr std::int64_t block_rows = 256;
+
+// Column sums of `data` viewed as [rows, width] (t = f32 or f64): blocks of rows summed by the
+// compiled kernel in parallel, then the block sums added in order, in double.
+std::vector<double> column_sums(const void* data, std::int64_t rows, std::int64_t width, DType t) {
+    const bool f32 = t == DType::f32;
+    const std::int64_t blocks = (rows + block_rows - 1) / block_rows;
+    RaggedTensor partial = RaggedTensor::zeros(
+        t, Structure::make(Shape{false, {Axis::fixed_of(blocks), Axis::fixed_of(width)}}, 1,
+                           {blocks, width}));
+    std::vector<std::int64_t> seg;
+    for (std::int64_t b = 0; b < blocks; ++b)
+        seg.insert(seg.end(), {b * block_rows * width, b * width, 1,
+                               std::min(block_rows, rows - b * block_rows), width});
+    run_segments(kernel(f32, false, false), seg, data, partial.mutable_data());
+    std::vector<double> pv = partial.to_f64(), sums(std::size_t(width), 0.0);
+    for (std::int64_t b = 0; b < blocks; ++b)
+        for (std::int64_t j = 0; j < width; ++j)
+            sums[std::size_t(j)] += pv[std::size_t(b * width + j)];
+    return sums;
+}
+
+// A global sum: every stored element, as column sums over the tensor's rows (so the compiled
+// loop runs over contiguous row_width-long vectors), then the columns added in order.
+double global_sum(const RaggedTensor& x) {
+    const std::int64_t n = x.numel();
+    if (n == 0) return 0.0;
+    const std::int64_t width = x.structure().row_width() > 0 ? x.structure().row_width() : 1;
+    double s = 0;
+    for (double c : column_sums(x.data(), n / width, width, x.dtype())) s += c;
+    return s;
+}
+
+bool is_one(const Axis& a) {
+    return a.kind == AxisKind::fixed && a.extent == 1;
+}
+
+// How sum_to(g, like) runs as a segmented loop, if it can.
+struct SumToPlan {
+    enum Kind { identity, one_axis, columns } kind;
+    int axis = -1;          // axis: the one per-sample axis of g that like has as 1
+    std::int64_t width = 0; // columns: like's element count (g's innermost storage block)
+};
+
+std::optional<SumToPlan> sum_to_plan(const Shape& g, const Shape& like) {
+    if (g == like) return SumToPlan{SumToPlan::identity, -1, 0};
+    if (g.batched && like.batched) {
+        if (g.sample_rank() != like.sample_rank()) return std::nullopt;
+        int axis = -1;
+        for (int a = 0; a < g.sample_rank(); ++a) {
+            if (g.axes[std::size_t(a)] == like.axes[std::size_t(a)]) continue;
+            if (!is_one(like.axes[std::size_t(a)]) || axis >= 0) return std::nullopt;
+            axis = a;
+        }
+        return SumToPlan{SumToPlan::one_axis, axis, 0};
+    }
+    if (!g.batched || like.batched) return std::nullopt;
+    // An unbatched like, after its leading 1s, equal to g's trailing static axes: those are
+    // g's innermost storage axes, so the cotangent sums g's rows of that many elements.
+    std::size_t lead = 0;
+    while (lead < like.axes.size() && is_one(like.axes[lead])) ++lead;
+    const std::size_t k = like.axes.size() - lead;
+    if (k > g.axes.size()) return std::nullopt;
+    std::int64_t width = 1;
+    for (std::size_t a = 0; a < k; ++a) {
+        const Axis& x = like.axes[lead + a];
+        if (x.kind != AxisKind::fixed || !(x == g.axes[g.axes.size() - k + a])) return std::nullopt;
+        width *= x.extent;
+    }
+    return SumToPlan{SumToPlan::columns, -1, width};
+}
+
+RaggedTensor scalar(DType t, double v) {
+    return RaggedTensor::from_f64(t, Structure::make(Shape{false, {}}, 1, {}), {v});
+}
+
+// Fills every element of a float tensor with v, spread over threads.
+template <class T> void fill(RaggedTensor& t, double v) {
+    T* d = static_cast<T*>(t.mutable_data());
+    parallel_for(t.numel(), 1 << 16,
+                 [&](std::int64_t b, std::int64_t e) { std::fill(d + b, d + e, T(v)); });
 }
 
 } // namespace
@@ -148,26 +253,69 @@ std::vector<std::int64_t> segments(const Structure& big, const Structure& small,
 bool is_segmented(const ir::Function& f, const ir::Node& n) {
     const DType t = n.type.dtype;
     if (t != DType::f32 && t != DType::f64) return false;
-    if (n.op == "sum" || n.op == "mean")
-        return axis_plan(f.type(n.args[0]).shape, n.attrs).has_value();
+    const Shape& x = f.type(n.args[0]).shape;
+    if (n.op == "sum" || n.op == "mean") return !n.attrs.has("axis") || axis_plan(x, n.attrs);
     if (n.op == "reduce_grad") {
         const std::string kind = n.attrs.get_str("kind");
-        return (kind == "sum" || kind == "mean") &&
-               axis_plan(f.type(n.args[0]).shape, n.attrs).has_value();
+        return (kind == "sum" || kind == "mean") && (!n.attrs.has("axis") || axis_plan(x, n.attrs));
     }
+    if (n.op == "sum_to")
+        return f.type(n.args[0]).dtype == t && sum_to_plan(x, f.type(n.args[1]).shape).has_value();
     return false;
 }
 
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
     const RaggedTensor& x = vals[std::size_t(n.args[0])];
-    const AxisPlan p = *axis_plan(x.shape(), n.attrs);
     const bool f32 = n.type.dtype == DType::f32;
+    if (n.op == "sum_to") {
+        const RaggedTensor& like = vals[std::size_t(n.args[1])];
+        const SumToPlan sp = *sum_to_plan(x.shape(), like.shape());
+        if (sp.kind == SumToPlan::identity && x.structure().same_as(like.structure())) return x;
+        // Runtime extents must agree on every axis but the summed ones, as the reference
+        // kernel requires; otherwise it reports.
+        bool ok =
+            sp.kind != SumToPlan::identity && (!like.shape().batched || x.batch() == like.batch());
+        if (ok && sp.kind == SumToPlan::one_axis)
+            for (std::int64_t i = 0; i < x.batch() && ok; ++i)
+                for (int a = 0; a < x.structure().rank(); ++a)
+                    if (a != sp.axis && x.structure().size(i, a) != like.structure().size(i, a))
+                        ok = false;
+        if (!ok) return evaluate("sum_to", {x, like}, n.attrs);
+        if (sp.kind == SumToPlan::one_axis) {
+            RaggedTensor out = uninitialized(like.dtype(), like.structure_ptr());
+            auto seg = segments(x.structure(), like.structure(), AxisPlan{false, sp.axis});
+            run_segments(kernel(f32, false, false), seg, x.data(), out.mutable_data());
+            return out;
+        }
+        if (sp.width == 0) return RaggedTensor::zeros(like.dtype(), like.structure_ptr());
+        auto sums = column_sums(x.data(), x.numel() / sp.width, sp.width, x.dtype());
+        return RaggedTensor::from_f64(like.dtype(), like.structure_ptr(), sums);
+    }
+    if (!n.attrs.has("axis")) {
+        const double count = double(x.numel());
+        const bool mean =
+            n.op == "mean" || (n.op == "reduce_grad" && n.attrs.get_str("kind") == "mean");
+        if (n.op != "reduce_grad") {
+            const double s = global_sum(x);
+            return scalar(n.type.dtype, mean ? (count > 0 ? s / count : 0.0) : s);
+        }
+        // d/dx of a global sum (mean) is g (g / count) everywhere.
+        const double g = vals[std::size_t(n.args[2])].item();
+        RaggedTensor dx = uninitialized(x.dtype(), x.structure_ptr());
+        const double v = mean && count > 0 ? g / count : g;
+        if (f32)
+            fill<float>(dx, v);
+        else
+            fill<double>(dx, v);
+        return dx;
+    }
+    const AxisPlan p = *axis_plan(x.shape(), n.attrs);
     if (n.op == "reduce_grad") {
         const RaggedTensor& g = vals[std::size_t(n.args[2])];
-        RaggedTensor dx = RaggedTensor::zeros(x.dtype(), x.structure_ptr());
+        RaggedTensor dx = uninitialized(x.dtype(), x.structure_ptr());
         auto seg = segments(x.structure(), g.structure(), p);
-        kernel(f32, true, n.attrs.get_str("kind") == "mean")(x.batch(), seg.data(), g.data(),
-                                                             dx.mutable_data());
+        run_segments(kernel(f32, true, n.attrs.get_str("kind") == "mean"), seg, g.data(),
+                     dx.mutable_data());
         return dx;
     }
     std::vector<std::int64_t> sizes;
@@ -177,10 +325,9 @@ RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& v
         for (int a = 0; a < int(s.size()); ++a)
             if (a != p.axis) sizes.push_back(s[std::size_t(a)]);
     }
-    RaggedTensor y =
-        RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, x.batch(), sizes));
+    RaggedTensor y = uninitialized(n.type.dtype, Structure::make(n.type.shape, x.batch(), sizes));
     auto seg = segments(x.structure(), y.structure(), p);
-    kernel(f32, false, n.op == "mean")(x.batch(), seg.data(), x.data(), y.mutable_data());
+    run_segments(kernel(f32, false, n.op == "mean"), seg, x.data(), y.mutable_data());
     return y;
 }
 

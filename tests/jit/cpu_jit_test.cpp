@@ -4,6 +4,7 @@
 #include "frontend/lower.hpp"
 #include "ir/interpreter.hpp"
 #include "jit/cpu_jit.hpp"
+#include "tests/jit/tiers.hpp"
 #include "tests/support/testing.hpp"
 
 #include <cmath>
@@ -15,28 +16,6 @@ namespace {
 using namespace rag::testing;
 namespace fs = std::filesystem;
 const fs::path root = RAG_SOURCE_DIR;
-
-double rel_l2(const RaggedTensor& a, const RaggedTensor& b) {
-    auto x = a.to_f64(), y = b.to_f64();
-    double num = 0, den = 0;
-    for (std::size_t k = 0; k < x.size(); ++k) {
-        num += (x[k] - y[k]) * (x[k] - y[k]);
-        den += y[k] * y[k];
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-void expect_tiers_agree(const ir::Function& f, const std::vector<RaggedTensor>& in,
-                        double tol = 1e-5) {
-    auto want = ir::interpret(f, in);
-    auto got = jit::compile_cpu(f)->run(in);
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t k = 0; k < got.size(); ++k) {
-        EXPECT_EQ(got[k].schema(), want[k].schema()) << f.name;
-        EXPECT_TRUE(got[k].structure().same_as(want[k].structure())) << f.name;
-        EXPECT_LE(rel_l2(got[k], want[k]), tol) << f.name << " output " << k;
-    }
-}
 
 Schema ragged(DType t, std::string_view axes) {
     return {t, Shape{true, parse_axes(axes)}};

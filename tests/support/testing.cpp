@@ -125,7 +125,7 @@ RaggedTensor random_for(const Schema& s, const std::vector<std::int64_t>& length
         }
         list.push_back(fill(shape));
     }
-    return RaggedTensor::from_list(list, s.shape.axes);
+    return RaggedTensor::from_list(list, s.shape.axes, s.dtype);
 }
 
 ::testing::AssertionResult close(const Nd& got, const Nd& want, double atol, double rtol) {

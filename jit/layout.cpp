@@ -1,0 +1,190 @@
+#include "jit/layout.hpp"
+
+#include "ir/ops/kernel_util.hpp"
+#include "jit/uninitialized.hpp"
+#include "runtime/error.hpp"
+#include "runtime/parallel.hpp"
+
+#include <cstring>
+
+namespace rag::jit {
+namespace {
+
+std::string trim(std::string_view s) {
+    auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+    return b == std::string_view::npos ? "" : std::string(s.substr(b, e - b + 1));
+}
+
+// The items of an index spec after the batch item, if every one is ':' or 'new'.
+std::optional<std::vector<bool>> keep_new_items(const Shape& x, const std::string& spec) {
+    std::vector<std::string> items;
+    if (!trim(spec).empty())
+        for (std::size_t start = 0;;) {
+            auto comma = spec.find(',', start);
+            items.push_back(trim(std::string_view(spec).substr(start, comma - start)));
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+        }
+    std::size_t k = 0;
+    if (x.batched && !items.empty()) {
+        if (items[0] != ":") return std::nullopt;
+        k = 1;
+    }
+    std::vector<bool> is_new; // one per result axis
+    int kept = 0;
+    for (; k < items.size(); ++k) {
+        if (items[k] != ":" && items[k] != "new") return std::nullopt;
+        is_new.push_back(items[k] == "new");
+        kept += items[k] == ":";
+    }
+    if (kept > x.sample_rank()) return std::nullopt;
+    for (; kept < x.sample_rank(); ++kept) is_new.push_back(false);
+    return is_new;
+}
+
+// Per-sample sizes of index(x) for a ':'/'new' spec.
+std::vector<std::int64_t> indexed_sizes(const Structure& x, const std::vector<bool>& is_new) {
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t i = 0; i < x.batch(); ++i) {
+        int s = 0;
+        for (bool n : is_new) sizes.push_back(n ? 1 : x.size(i, s++));
+    }
+    return sizes;
+}
+
+bool is_one(const Axis& a) {
+    return a.kind == AxisKind::fixed && a.extent == 1;
+}
+
+// Logical axes of a shape in storage order (ragged first, then the others), extent-1 axes
+// left out (they do not move any element); `from` renames axes (the source axis of each).
+std::pair<std::vector<int>, std::vector<int>> storage_axes(const Shape& s,
+                                                           const std::vector<int>& from) {
+    std::vector<int> ragged, rest;
+    for (int a = 0; a < s.sample_rank(); ++a) {
+        const Axis& ax = s.axes[std::size_t(a)];
+        if (is_one(ax)) continue;
+        (ax.is_ragged() ? ragged : rest).push_back(from[std::size_t(a)]);
+    }
+    return {ragged, rest};
+}
+
+struct TransposePlan {
+    LayoutKind kind = LayoutKind::none;
+    int a = 0, b = 0; // the swapped per-sample axes
+};
+
+TransposePlan transpose_plan(const Shape& x, const Attrs& at) {
+    TransposePlan p;
+    p.a = kern::sample_axis(x, at.get_int("a"), "transpose");
+    p.b = kern::sample_axis(x, at.get_int("b"), "transpose");
+    std::vector<int> id(std::size_t(x.sample_rank())), perm;
+    for (int k = 0; k < x.sample_rank(); ++k) id[std::size_t(k)] = k;
+    perm = id;
+    std::swap(perm[std::size_t(p.a)], perm[std::size_t(p.b)]);
+    Shape y = x;
+    std::swap(y.axes[std::size_t(p.a)], y.axes[std::size_t(p.b)]);
+    auto [xr, xo] = storage_axes(x, id);
+    auto [yr, yo] = storage_axes(y, perm);
+    if (xo != yo) return p; // static axes move inside rows: the reference kernel
+    p.kind = xr == yr ? LayoutKind::view : LayoutKind::permute;
+    return p;
+}
+
+StructurePtr transposed_structure(const RaggedTensor& x, const Shape& out, int a, int b) {
+    std::vector<std::int64_t> sizes = x.structure().sizes();
+    const int d = x.structure().rank();
+    for (std::int64_t i = 0; i < x.batch(); ++i)
+        std::swap(sizes[std::size_t(i * d + a)], sizes[std::size_t(i * d + b)]);
+    return Structure::make(out, x.batch(), std::move(sizes));
+}
+
+// y = transpose(x) when only ragged axes change order: row r of y is a row of x, found from the
+// ragged extents of its sample; rows are copied whole.
+RaggedTensor permute_rows(const RaggedTensor& x, const StructurePtr& st, int a, int b) {
+    const Structure& xs = x.structure();
+    const int d = xs.rank();
+    std::vector<int> ragged; // per-sample axes of y that are ragged, in logical order
+    for (int k = 0; k < d; ++k)
+        if (st->shape().axes[std::size_t(k)].is_ragged()) ragged.push_back(k);
+    const std::size_t q = ragged.size();
+    std::vector<std::int64_t> map(std::size_t(st->rows()));
+    std::vector<std::int64_t> ext(q), stride(q), idx(q);
+    for (std::int64_t i = 0; i < xs.batch(); ++i) {
+        // Row strides of x's ragged axes (row-major over x's ragged extents, logical order).
+        std::vector<std::int64_t> xstride(std::size_t(d), 0);
+        std::int64_t s = 1;
+        for (int k = d - 1; k >= 0; --k)
+            if (xs.shape().axes[std::size_t(k)].is_ragged()) {
+                xstride[std::size_t(k)] = s;
+                s *= xs.size(i, k);
+            }
+        for (std::size_t m = 0; m < q; ++m) {
+            int k = ragged[m];
+            int src = k == a ? b : k == b ? a : k;
+            ext[m] = st->size(i, k);
+            stride[m] = xstride[std::size_t(src)];
+            idx[m] = 0;
+        }
+        const std::int64_t begin = st->offsets()[std::size_t(i)];
+        const std::int64_t rows = st->offsets()[std::size_t(i + 1)] - begin;
+        for (std::int64_t r = 0; r < rows; ++r) {
+            std::int64_t from = xs.offsets()[std::size_t(i)];
+            for (std::size_t m = 0; m < q; ++m) from += idx[m] * stride[m];
+            map[std::size_t(begin + r)] = from;
+            for (std::size_t m = q; m-- > 0;) {
+                if (++idx[m] < ext[m]) break;
+                idx[m] = 0;
+            }
+        }
+    }
+    RaggedTensor y = uninitialized(x.dtype(), st);
+    const std::size_t row_bytes = std::size_t(st->row_width()) * dtype_size(x.dtype());
+    const auto* in = static_cast<const std::byte*>(x.data());
+    auto* out = static_cast<std::byte*>(y.mutable_data());
+    parallel_for(std::int64_t(map.size()),
+                 std::max<std::int64_t>(1, 65536 / std::max<std::size_t>(row_bytes, 1)),
+                 [&](std::int64_t r0, std::int64_t r1) {
+                     for (std::int64_t r = r0; r < r1; ++r)
+                         std::memcpy(out + std::size_t(r) * row_bytes,
+                                     in + std::size_t(map[std::size_t(r)]) * row_bytes, row_bytes);
+                 });
+    return y;
+}
+
+} // namespace
+
+LayoutKind layout_kind(const ir::Function& f, const ir::Node& n) {
+    if (n.op == "index")
+        return keep_new_items(f.type(n.args[0]).shape, n.attrs.get_str("spec")) ? LayoutKind::view
+                                                                                : LayoutKind::none;
+    if (n.op == "index_grad")
+        return keep_new_items(f.type(n.args[1]).shape, n.attrs.get_str("spec")) ? LayoutKind::view
+                                                                                : LayoutKind::none;
+    if (n.op == "transpose") return transpose_plan(f.type(n.args[0]).shape, n.attrs).kind;
+    return LayoutKind::none;
+}
+
+RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
+    const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    if (n.op == "index") {
+        auto is_new = *keep_new_items(x.shape(), n.attrs.get_str("spec"));
+        auto st = Structure::make(n.type.shape, x.batch(), indexed_sizes(x.structure(), is_new));
+        return RaggedTensor(x.dtype(), st, x.buffer());
+    }
+    if (n.op == "index_grad") {
+        // index_grad(g, x): every element of x was read once, so dx is g under x's structure.
+        const RaggedTensor& like = vals[std::size_t(n.args[1])];
+        auto is_new = *keep_new_items(like.shape(), n.attrs.get_str("spec"));
+        if (x.batch() != like.batch() ||
+            x.structure().sizes() != indexed_sizes(like.structure(), is_new))
+            return evaluate("index_grad", {x, like}, n.attrs); // names the sample
+        return RaggedTensor(like.dtype(), like.structure_ptr(), x.buffer());
+    }
+    const TransposePlan p = transpose_plan(x.shape(), n.attrs);
+    StructurePtr st = transposed_structure(x, n.type.shape, p.a, p.b);
+    if (p.kind == LayoutKind::view) return RaggedTensor(x.dtype(), st, x.buffer());
+    return permute_rows(x, st, p.a, p.b);
+}
+
+} // namespace rag::jit

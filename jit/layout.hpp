@@ -1,0 +1,21 @@
+// Shape ops on the CPU tier without their reference kernels' per-element index walks.
+// Storage keeps ragged axes first, then the others, each in logical order (runtime/structure.hpp),
+// so many shape ops leave the bytes where they are:
+//   view      index with only ':' and 'new' items, its index_grad, and a transpose that keeps the
+//             storage order (say [B, ~N, 128] <-> [B, 128, ~N]) share their operand's buffer
+//             under a new structure;
+//   permute   a transpose that only reorders ragged axes ([B, 128, ~N, ~M] -> [B, ~M, ~N, 128])
+//             copies whole rows through a row map built from the sizes and offsets.
+// Internal to jit/; no LLVM (the copies are memcpy of contiguous rows, split over threads).
+#pragma once
+#include "ir/ir.hpp"
+
+namespace rag::jit {
+
+enum class LayoutKind { none, view, permute };
+
+LayoutKind layout_kind(const ir::Function& f, const ir::Node& n);
+// Runs node n (layout_kind != none); vals holds its arguments.
+RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals);
+
+} // namespace rag::jit

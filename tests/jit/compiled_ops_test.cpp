@@ -1,0 +1,280 @@
+// The CPU tier's compiled paths beyond elementwise chains and GEMMs: norms and their gradients
+// as row loops, global reductions and sum_to as segmented loops, shape ops as views or row
+// copies, and pair-creating broadcasts read through index maps. Each one is checked against
+// the reference interpreter (f32 relative l2 <= 1e-5) on ragged lengths that include 0 and 1,
+// in the square, rectangular and non-leading pair layouts.
+#include "jit/cpu_jit.hpp"
+#include "runtime/parallel.hpp"
+#include "tests/jit/tiers.hpp"
+#include "tests/support/testing.hpp"
+
+#include <sstream>
+
+namespace rag {
+namespace {
+
+using namespace rag::testing;
+
+Schema ragged(DType t, std::string_view axes) {
+    return {t, Shape{true, parse_axes(axes)}};
+}
+
+Schema dense(DType t, std::string_view axes) {
+    return {t, Shape{false, parse_axes(axes)}};
+}
+
+// The first word of every line of the plan printout: the step kinds, in order.
+std::string kinds(const ir::Function& f) {
+    std::istringstream in(jit::print(jit::compile_cpu(f)->plan(), f));
+    std::string line, out;
+    while (std::getline(in, line)) out += (out.empty() ? "" : " ") + line.substr(0, line.find(' '));
+    return out;
+}
+
+// Random inputs for every input of f: batched values get the sample lengths (the second
+// ragged name runs them backwards), unbatched ones are small.
+std::vector<RaggedTensor> inputs_for(const ir::Function& f,
+                                     const std::vector<std::int64_t>& lengths) {
+    std::vector<RaggedTensor> in;
+    for (int v : f.inputs) in.push_back(random_for(f.type(v), lengths, 0.1, 1.5));
+    return in;
+}
+
+const std::vector<std::int64_t> with_0_and_1 = {3, 0, 5, 1};
+
+TEST(CompiledOps, NormsAndAllTheirGradientsAreRowLoops) {
+    for (DType t : {DType::f32, DType::f64})
+        for (const char* axes : {"~N, 8", "~N, ~M, 6", "4, ~N, 5", "5"}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + " " + axes);
+            const Schema xs = ragged(t, axes);
+            const std::string C = std::to_string(xs.shape.axes.back().extent);
+            ir::Function ln;
+            ln.name = "layernorm";
+            ir::Builder b(ln);
+            int x = b.input(xs, "x"), g = b.input(dense(t, C), "g"), bb = b.input(dense(t, C), "b");
+            int dy = b.input(xs, "dy");
+            ln.outputs = {b.op("layernorm", {x, g, bb})};
+            for (std::int64_t k = 0; k < 3; ++k)
+                ln.outputs.push_back(
+                    b.op("layernorm_grad", {x, g, bb, dy}, {{"eps", 1e-5}, {"wrt", k}}));
+            // One pass computes the three cotangents.
+            EXPECT_EQ(jit::print(jit::compile_cpu(ln)->plan(), ln),
+                      "rowwise   %4 = layernorm\nrowwise   %5 %6 %7 = layernorm_grad\n");
+            expect_tiers_agree(ln, inputs_for(ln, with_0_and_1));
+
+            ir::Function rms;
+            rms.name = "rmsnorm";
+            ir::Builder r(rms);
+            x = r.input(xs, "x"), g = r.input(dense(t, C), "g"), dy = r.input(xs, "dy");
+            rms.outputs = {r.op("rmsnorm", {x, g}, {{"eps", 1e-3}})};
+            for (std::int64_t k = 0; k < 2; ++k)
+                rms.outputs.push_back(
+                    r.op("rmsnorm_grad", {x, g, dy}, {{"eps", 1e-3}, {"wrt", k}}));
+            EXPECT_EQ(kinds(rms), "rowwise rowwise");
+            expect_tiers_agree(rms, inputs_for(rms, with_0_and_1));
+        }
+}
+
+TEST(CompiledOps, ParameterGradientsAloneSkipTheInputGradient) {
+    ir::Function f;
+    f.name = "dg_db";
+    ir::Builder b(f);
+    const Schema xs = ragged(DType::f32, "~N, ~M, 16");
+    int x = b.input(xs, "x"), g = b.input(dense(DType::f32, "16"), "g");
+    int bb = b.input(dense(DType::f32, "16"), "b"), dy = b.input(xs, "dy");
+    f.outputs = {b.op("layernorm_grad", {x, g, bb, dy}, {{"wrt", std::int64_t(2)}}),
+                 b.op("layernorm_grad", {x, g, bb, dy}, {{"wrt", std::int64_t(1)}})};
+    EXPECT_EQ(kinds(f), "rowwise");
+    expect_tiers_agree(f, inputs_for(f, {40, 0, 1, 77}));
+}
+
+// dg and db sum over every row in fixed blocks, added in block order: the same bits on any
+// number of threads.
+TEST(CompiledOps, NormGradientsDoNotDependOnTheThreadCount) {
+    ir::Function f;
+    f.name = "ln_grad";
+    ir::Builder b(f);
+    const Schema xs = ragged(DType::f32, "~N, ~N, 32");
+    int x = b.input(xs, "x"), g = b.input(dense(DType::f32, "32"), "g");
+    int bb = b.input(dense(DType::f32, "32"), "b"), dy = b.input(xs, "dy");
+    for (std::int64_t k = 0; k < 3; ++k)
+        f.outputs.push_back(b.op("layernorm_grad", {x, g, bb, dy}, {{"wrt", k}}));
+    auto in = inputs_for(f, {60, 0, 1, 45, 30});
+    auto cpu = jit::compile_cpu(f);
+    set_num_threads(1);
+    auto one = cpu->run(in);
+    set_num_threads(3);
+    auto three = cpu->run(in);
+    set_num_threads(0);
+    for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k].to_f64(), three[k].to_f64());
+}
+
+TEST(CompiledOps, GlobalReductionsAndTheirGradientsAreSegmented) {
+    for (DType t : {DType::f32, DType::f64})
+        for (const char* axes : {"~N, ~N, 7", "~N, ~M, 3", "5, ~N, ~N", "~N"})
+            for (const char* op : {"sum", "mean"}) {
+                SCOPED_TRACE(std::string(op) + " " + std::string(dtype_name(t)) + " " + axes);
+                ir::Function f;
+                f.name = op;
+                ir::Builder b(f);
+                int x = b.input(ragged(t, axes), "x");
+                int y = b.op(op, {x});
+                int g = b.input(f.type(y), "g");
+                f.outputs = {y, b.op("reduce_grad", {x, y, g}, {{"kind", std::string(op)}})};
+                EXPECT_EQ(kinds(f), "segmented segmented");
+                for (auto lengths : {with_0_and_1, std::vector<std::int64_t>{0, 0},
+                                     std::vector<std::int64_t>{}, std::vector<std::int64_t>{300}})
+                    expect_tiers_agree(f, inputs_for(f, lengths));
+            }
+}
+
+// g and a `like` whose extents are g's except along its broadcast (extent-1) axes.
+std::vector<RaggedTensor> sum_to_inputs(const ir::Function& f,
+                                        const std::vector<std::int64_t>& lengths) {
+    const Schema& ls = f.type(f.inputs[1]);
+    RaggedTensor g = random_for(f.type(f.inputs[0]), lengths);
+    if (!ls.shape.batched) return {g, random_for(ls, {})};
+    std::vector<Shape_> shapes;
+    for (std::int64_t i = 0; i < g.batch(); ++i) {
+        auto s = g.structure().sample_shape(i);
+        shapes.emplace_back(s.begin(), s.end());
+        for (std::size_t a = 0; a < ls.shape.axes.size(); ++a)
+            if (ls.shape.axes[a] == Axis::fixed_of(1)) shapes.back()[a] = 1;
+    }
+    std::string axes;
+    for (const Axis& a : ls.shape.axes)
+        axes += (axes.empty() ? "" : ", ") +
+                (a.is_ragged() ? "~" + a.name : std::to_string(a.extent));
+    return {g, random_batch(ls.dtype, axes, shapes)};
+}
+
+// sum_to is the gradient of a broadcast: over the pair axis a single was broadcast along
+// (square, rectangular, non-leading), or over every row for an unbatched bias.
+TEST(CompiledOps, SumToOverOneAxisOrAllRowsIsSegmented) {
+    const std::pair<const char*, Schema> cases[] = {
+        {"~N, ~N, 4", ragged(DType::f32, "~N, 1, 4")},
+        {"~N, ~N, 4", ragged(DType::f32, "1, ~N, 4")},
+        {"~N, ~M, 4", ragged(DType::f32, "~N, 1, 4")},
+        {"~N, ~M, 4", ragged(DType::f32, "1, ~M, 4")},
+        {"4, ~N, ~N", ragged(DType::f32, "4, ~N, 1")},
+        {"4, ~N, ~N", ragged(DType::f32, "4, 1, ~N")},
+        {"~N, ~N, 4", dense(DType::f32, "4")},
+        {"~N, 6, 4", dense(DType::f32, "1, 6, 4")},
+        {"~N, 4", dense(DType::f32, "")},
+    };
+    for (const auto& [g_axes, like] : cases) {
+        SCOPED_TRACE(std::string(g_axes) + " to " + like.str());
+        ir::Function f;
+        f.name = "sum_to";
+        ir::Builder b(f);
+        int g = b.input(ragged(DType::f32, g_axes), "g");
+        f.outputs = {b.op("sum_to", {g, b.input(like, "like")})};
+        EXPECT_EQ(kinds(f), "segmented");
+        for (auto lengths : {with_0_and_1, std::vector<std::int64_t>{700, 2}})
+            expect_tiers_agree(f, sum_to_inputs(f, lengths));
+    }
+    // Two broadcast axes: the reference kernel, with the same results.
+    ir::Function f;
+    f.name = "sum_to";
+    ir::Builder b(f);
+    int g = b.input(ragged(DType::f32, "~N, ~N, 4"), "g");
+    f.outputs = {b.op("sum_to", {g, b.input(ragged(DType::f32, "1, 1, 4"), "like")})};
+    EXPECT_EQ(kinds(f), "reference");
+    expect_tiers_agree(f, sum_to_inputs(f, with_0_and_1));
+}
+
+TEST(CompiledOps, ShapeOpsAreViewsOrRowCopies) {
+    struct Case {
+        const char* axes;
+        const char* op;
+        Attrs at;
+        const char* kind;
+    };
+    const Case cases[] = {
+        {"~N, 8", "index", {{"spec", std::string(":, :, new, :")}}, "view"},
+        {"~N, 8", "index", {{"spec", std::string(":, new")}}, "view"},
+        {"~N, 8", "index", {{"spec", std::string(":, :, 2:5")}}, "reference"},
+        {"~N, 8", "transpose", {{"a", std::int64_t(1)}, {"b", std::int64_t(2)}}, "view"},
+        {"8, ~N, ~N", "transpose", {{"a", std::int64_t(1)}, {"b", std::int64_t(3)}}, "permute"},
+        {"~N, ~M, 8", "transpose", {{"a", std::int64_t(1)}, {"b", std::int64_t(2)}}, "permute"},
+        {"~N, 3, 8", "transpose", {{"a", std::int64_t(2)}, {"b", std::int64_t(3)}}, "reference"},
+    };
+    for (DType t : {DType::f32, DType::f64})
+        for (const Case& c : cases) {
+            SCOPED_TRACE(std::string(c.op) + " " + c.at.str() + " of " + c.axes);
+            ir::Function f;
+            f.name = c.op;
+            ir::Builder b(f);
+            int x = b.input(ragged(t, c.axes), "x");
+            int y = b.op(c.op, {x}, c.at);
+            f.outputs = {y};
+            if (std::string(c.op) == "index")
+                f.outputs.push_back(b.op("index_grad", {b.input(f.type(y), "g"), x}, c.at));
+            const std::string k = kinds(f);
+            EXPECT_EQ(k.substr(0, k.find(' ')), c.kind);
+            for (auto lengths : {with_0_and_1, std::vector<std::int64_t>{1, 9}})
+                expect_tiers_agree(f, inputs_for(f, lengths));
+        }
+    // A view shares its operand's storage.
+    ir::Function f;
+    f.name = "view";
+    ir::Builder b(f);
+    f.outputs = {b.op("transpose", {b.input(ragged(DType::f32, "~N, 8"), "x")},
+                      {{"a", std::int64_t(1)}, {"b", std::int64_t(2)}})};
+    auto x = random_for(f.type(0), with_0_and_1);
+    EXPECT_EQ(jit::compile_cpu(f)->run({x})[0].data(), x.data());
+}
+
+// `a[:, :, new] + b[:, new, :]` and friends: one fused loop over the pair rows reading both
+// singles through row maps; nothing of the broadcast operands is materialised.
+TEST(CompiledOps, PairCreatingBroadcastsReadTheirOperandsThroughIndexMaps) {
+    struct Case {
+        const char *a_axes, *b_axes, *a_spec, *b_spec;
+    };
+    const Case cases[] = {
+        {"~N, 16", "~N, 16", ":, :, new, :", ":, new, :, :"}, // square
+        {"~N, 16", "~M, 16", ":, :, new, :", ":, new, :, :"}, // rectangular
+        {"16, ~N", "16, ~N", ":, :, :, new", ":, :, new, :"}, // non-leading
+        {"~N, 16", "~N, 1", ":, :, new, :", ":, new, :, :"},  // one element per row
+    };
+    for (DType t : {DType::f32, DType::f64})
+        for (const Case& c : cases) {
+            SCOPED_TRACE(std::string(c.a_axes) + " + " + c.b_axes);
+            ir::Function f;
+            f.name = "pair";
+            ir::Builder b(f);
+            int x = b.input(ragged(t, c.a_axes), "a");
+            int y = b.input(ragged(t, c.b_axes), "b");
+            int xa = b.op("index", {x}, {{"spec", std::string(c.a_spec)}});
+            int yb = b.op("index", {y}, {{"spec", std::string(c.b_spec)}});
+            int pair = b.op("mul", {b.op("add", {xa, yb}), yb});
+            f.outputs = {b.op("exp", {pair})};
+            auto cpu = jit::compile_cpu(f);
+            const std::string plan = jit::print(cpu->plan(), f);
+            EXPECT_NE(plan.find("fused     add mul exp  in: %2(gather) %3(gather"),
+                      std::string::npos)
+                << plan;
+            if (std::string(c.b_axes) != "~N, 1" && t == DType::f32) {
+                EXPECT_NE(cpu->llvm_ir().find("x float>"), std::string::npos);
+            }
+            for (auto lengths : {with_0_and_1, std::vector<std::int64_t>{0},
+                                 std::vector<std::int64_t>{1, 1}, std::vector<std::int64_t>{40, 7}})
+                expect_tiers_agree(f, inputs_for(f, lengths));
+        }
+}
+
+// Operands whose runtime extents disagree get the reference kernel's error naming the sample.
+TEST(CompiledOps, BroadcastExtentMismatchNamesTheSample) {
+    ir::Function f;
+    f.name = "pair";
+    ir::Builder b(f);
+    Schema s = ragged(DType::f32, "~N, 1, 4");
+    f.outputs = {b.op("add", {b.input(s, "a"), b.input(ragged(DType::f32, "~N, ~N, 4"), "b")})};
+    auto a = random_batch(DType::f32, "~N, 1, 4", {{2, 1, 4}, {3, 1, 4}});
+    auto p = random_batch(DType::f32, "~N, ~N, 4", {{2, 2, 4}, {4, 4, 4}});
+    auto msg = error_of([&] { jit::compile_cpu(f)->run({a, p}); });
+    EXPECT_NE(msg.find("sample 1"), std::string::npos) << msg;
+}
+
+} // namespace
+} // namespace rag
