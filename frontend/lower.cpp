@@ -1,7 +1,7 @@
 #include "frontend/lowerer.hpp"
 
-#include "frontend/parser.hpp"
 #include "frontend/padded.hpp"
+#include "frontend/parser.hpp"
 #include "ir/autodiff.hpp"
 #include "runtime/error.hpp"
 
@@ -480,6 +480,7 @@ LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
     ir::Builder sb(sub);
     std::vector<LV> sub_args;
     std::vector<int> flat_args;
+    std::vector<int> sub_inputs; // the inputs of sub that flat_args feed
     std::vector<int> wrt;
     for (std::size_t k = 0; k < args.size(); ++k) {
         if (args[k].kind == LV::Kind::error) throw Abandon{};
@@ -492,12 +493,16 @@ LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
                          ? std::vector<int>{tensor_of(args[k], at, DType::f32)}
                          : flatten(args[k]);
         flat_args.insert(flat_args.end(), outer.begin(), outer.end());
+        sub_inputs.insert(sub_inputs.end(), ids.begin(), ids.end());
         sub_args.push_back(in);
     }
     // Padded: the differentiated function takes the masks too, after its arguments.
     std::optional<Padder> sub_padder;
     if (padder_) {
         sub_padder.emplace(sb, padder_->names());
+        for (std::size_t j = 0; j < sub_inputs.size(); ++j)
+            if (!padder_->padding_finite(flat_args[j]))
+                sub_padder->padding_may_be_nonfinite(sub_inputs[j]);
         flat_args.insert(flat_args.end(), padder_->mask_inputs().begin(),
                          padder_->mask_inputs().end());
     }

@@ -28,7 +28,37 @@ int logical(const Schema& s, int per_sample) {
     return per_sample + (s.shape.batched ? 1 : 0);
 }
 
+// Ops that keep finite padded entries finite (barring overflow of finite values, which the
+// ragged program would meet as well on the valid entries they mirror).
+bool keeps_finite(std::string_view op) {
+    static const std::set<std::string, std::less<>> ops = {
+        "add",       "sub",       "mul",        "neg",       "abs",     "scale",   "relu",
+        "gelu",      "silu",      "sigmoid",    "tanh",      "maximum", "minimum", "matmul",
+        "transpose", "index",     "reshape",    "concat",    "cast",    "where",   "layernorm",
+        "rmsnorm",   "softmax",   "logsumexp",  "attention", "sum",     "mean",    "max",
+        "min",       "ones_like", "zeros_like", "dropout",   "lengths"};
+    return ops.count(op) > 0;
+}
+
 } // namespace
+
+bool Padder::padding_finite(int x) {
+    if (auto it = known_.find(x); it != known_.end()) return it->second;
+    const ir::Node& n = b_.function().nodes[std::size_t(x)];
+    bool finite;
+    if (n.op == "const") {
+        finite = std::isfinite(n.attrs.get_float("value"));
+    } else if (!is_floating(n.type.dtype) || finite_.count(x)) {
+        finite = true;
+    } else if (n.op == "input") {
+        finite = nonfinite_inputs_.count(x) == 0;
+    } else {
+        finite = keeps_finite(n.op);
+        for (int a : n.args) finite = finite && padding_finite(a);
+    }
+    known_[x] = finite;
+    return finite;
+}
 
 std::vector<std::string> Padder::mask_names(const std::vector<Schema>& inputs) {
     std::vector<std::string> names;
@@ -63,15 +93,31 @@ std::vector<int> Padder::ragged_among(int x, const std::vector<int>& axes) const
     return out;
 }
 
+// Masks multiply, as padded frameworks mask (and as bench/peers/models.py does): x * m, plus
+// (1 - m) * fill for a nonzero fill, with m the [B, ~name] mask as x's dtype placed at axis p.
+// Both are elementwise ops whose mask operand the JIT reads by broadcast inside the fused loop
+// of x's producer or consumer, so masking costs one multiply(-add) per element, not a separate
+// pass (`where` is not a fused op). inf * 0 is NaN, though: an x whose padding may not be
+// finite, an infinite fill (max / min) or an integer x keeps `where`, which selects.
 int Padder::masked(int x, const std::vector<int>& axes, double fill) {
     const Schema s = type(x);
-    const int fill_id = constant(fill, s.dtype);
+    const bool multiply = is_floating(s.dtype) && std::isfinite(fill) && padding_finite(x);
     for (int p : ragged_among(x, axes)) {
         // The [B, ~name] mask placed at per-sample axis p: [B, 1, .., ~name, .., 1].
         std::string spec = ":";
         for (int q = 0; q < s.shape.sample_rank(); ++q) spec += q == p ? ", :" : ", new";
-        int m = emit("index", {mask_of(s.shape.axes[std::size_t(p)].name)}, {{"spec", spec}});
-        x = emit("where", {m, x, fill_id});
+        auto place = [&](int m) { return emit("index", {m}, {{"spec", spec}}); };
+        const int mask = mask_of(s.shape.axes[std::size_t(p)].name);
+        if (!multiply) {
+            x = emit("where", {place(mask), x, constant(fill, s.dtype)});
+            continue;
+        }
+        const int m = emit("cast", {mask}, {{"dtype", std::string(dtype_name(s.dtype))}});
+        x = emit("mul", {x, place(m)});
+        if (fill != 0) {
+            const int outside = emit("sub", {constant(1, s.dtype), m});
+            x = emit("add", {x, place(emit("scale", {outside}, {{"c", fill}}))});
+        }
     }
     return x;
 }
@@ -146,7 +192,11 @@ int Padder::reduction(std::string_view name, int x, const Attrs& attrs) {
     int c = valid_count(x, axes);
     if (global) c = emit("sum", {c});
     c = emit("maximum", {c, constant(1, DType::f32)});
-    if (!global) return emit("div", {r, per_sample(c, r)});
+    if (!global) {
+        const int out = emit("div", {r, per_sample(c, r)}); // over a count >= 1
+        if (padding_finite(r)) finite_.insert(out);
+        return out;
+    }
     if (s.dtype != DType::f32) c = emit("cast", {c}, {{"dtype", std::string(dtype_name(s.dtype))}});
     return emit("div", {r, c});
 }

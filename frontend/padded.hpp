@@ -10,10 +10,17 @@
 // runs as masked scores (B, H, N_max, N_max) as padded frameworks do, losses average over valid
 // positions only. Gradients of the masked program are then exactly 0 at padded entries, so the
 // derived backward ops need no masks of their own.
+//
+// A mask multiplies (x * m, as padded frameworks mask) when x's padded entries are known to be
+// finite, so the JIT fuses it into the neighbouring loop; otherwise it selects (`where`), since
+// inf * 0 is NaN. Inputs are padded with zeros, and finite padding survives the ops of
+// `padding_finite`; exp, log, div, sqrt, pow and max / min over an all-padding group do not
+// promise it.
 #pragma once
 #include "ir/ir.hpp"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +38,12 @@ class Padder {
     const std::vector<std::string>& names() const { return names_; }
     // The mask inputs, in the order of mask_names.
     const std::vector<int>& mask_inputs() const { return inputs_; }
+
+    // An input (of a differentiated function) whose padded entries may not be finite: the value
+    // the caller passes there does not promise it.
+    void padding_may_be_nonfinite(int input) { nonfinite_inputs_.insert(input); }
+    // Whether every padded entry of x is finite (false when unsure).
+    bool padding_finite(int x);
 
     // Emits `name(args)` with the meaning it has on the valid entries of the padded values.
     // rag::Error for ops padded execution does not support.
@@ -58,6 +71,9 @@ class Padder {
     ir::Builder& b_;
     std::vector<std::string> names_;
     std::vector<int> inputs_;
+    std::set<int> nonfinite_inputs_;
+    std::set<int> finite_;      // finite padding by construction (a masked sum over a count)
+    std::map<int, bool> known_; // padding_finite's answers
 };
 
 } // namespace rag::frontend

@@ -131,6 +131,15 @@ fn bmm(a: f64[B, ~N, ~N], b: f64[B, ~N, 3]) -> f64[] {
 fn losses(x: f64[B, ~N, 4], y: i64[B, ~N], t: f64[B, ~N, 4]) -> f64[] {
     return cross_entropy(x, y) + mse(x, t)
 }
+fn logs(x: f64[B, ~N, ~M, 3]) -> f64[] {
+    let l = log(softmax(x, axis=2)) # -inf at padded keys: masks there must select, not multiply
+    return mean(l) + sum(exp(max(l, axis=2)))
+}
+fn sq(y: f64[B, ~N, ~M, 3]) -> f64[] { return mean(y * y) }
+fn logs_into_grad(x: f64[B, ~N, ~M, 3]) -> f64[] {
+    let (v, g) = value_and_grad(sq, wrt=0)(log(softmax(x, axis=2)))
+    return v + mean(g)
+}
 fn red_grad(x: f64[B, ~N, ~N, 3]) -> f64[B, ~N, ~N, 3] { return grad(red, wrt=0)(x) }
 fn soft_grad(x: f64[B, ~N, ~M, 3]) -> f64[B, ~N, ~M, 3] { return grad(soft, wrt=0)(x) }
 fn att_grad(q: f64[B, ~N, 2, 4], k: f64[B, ~M, 2, 4], v: f64[B, ~M, 2, 3]) -> (f64[B, ~N, 2, 4], f64[B, ~M, 2, 4]) {
