@@ -1,0 +1,126 @@
+"""Writes bench/results/relpos.md from the JSON lines of rag_bench_relpos and peers.py, in the
+layout of the relative-position paper's Tables 11 (throughput) and 12 (peak memory), plus the
+speedups of rag's fused kernels over the gather baseline and the best PyTorch peer.
+
+usage: report.py OUT.md HEADER.txt RECORDS.jsonl...
+"""
+import json
+import math
+import sys
+
+ORDER = ["PyTorch eager", "PyTorch SDPA", "FlexAttention", "materialising", "gather", "rag fused"]
+LABEL = {
+    "materialising": "materialising (naive op, f64)",
+    "gather": "projections + gather",
+    "rag fused": "rag fused",
+}
+PEERS = ["PyTorch eager", "PyTorch SDPA", "FlexAttention"]
+
+
+def n_label(n):
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def fmt(x):
+    if x is None or not math.isfinite(x):
+        return "?"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def cell(rec, key, notes):
+    if rec is None:
+        return "–"
+    note = rec.get("note", "")
+    if note.startswith("unsupported"):
+        return "–"
+    if note.startswith("skipped"):
+        notes.setdefault(note, None)
+        return "skip" + "¹²³⁴⁵⁶⁷⁸⁹"[list(notes).index(note) % 9]
+    if note.startswith("failed"):
+        notes.setdefault(note, None)
+        return "fail" + "¹²³⁴⁵⁶⁷⁸⁹"[list(notes).index(note) % 9]
+    v = rec.get(key)
+    s = fmt(v)
+    if rec.get("ok") is False:
+        s += "†"
+    elif rec.get("ok") is None and v is not None:
+        s += "*"
+    return s
+
+
+def table(records, key, title, unit):
+    mechs = list(dict.fromkeys(r["mechanism"] for r in records))
+    lengths = sorted({r["N"] for r in records})
+    by = {(r["mechanism"], r["system"], r["pass"], r["N"]): r for r in records}
+    systems = [s for s in ORDER if any(r["system"] == s for r in records)]
+    notes = {}
+    head = ["", "System"] + [f"F {n_label(n)}" for n in lengths] + [f"B {n_label(n)}" for n in lengths]
+    lines = [f"### {title} ({unit})", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for m in mechs:
+        for i, s in enumerate(systems):
+            row = [m if i == 0 else "", LABEL.get(s, s)]
+            for p in ("F", "B"):
+                row += [cell(by.get((m, s, p, n)), key, notes) for n in lengths]
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    for k, note in enumerate(notes):
+        lines.append(f"{'¹²³⁴⁵⁶⁷⁸⁹'[k % 9]} {note}  ")
+    lines.append("")
+    return lines
+
+
+def speedups(records):
+    by = {(r["mechanism"], r["system"], r["pass"], r["N"]): r for r in records}
+    mechs = list(dict.fromkeys(r["mechanism"] for r in records))
+    lengths = sorted({r["N"] for r in records})
+    head = ["", "vs"] + [f"F {n_label(n)}" for n in lengths] + [f"B {n_label(n)}" for n in lengths]
+    lines = ["### rag fused: speedup (time ratio) over the gather baseline and the fastest PyTorch peer",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def ms(m, s, p, n):
+        r = by.get((m, s, p, n))
+        return r["ms"] if r and r.get("ms") else None
+
+    for m in mechs:
+        for i, vs in enumerate(["gather", "best peer"]):
+            row = [m if i == 0 else "", vs]
+            for p in ("F", "B"):
+                for n in lengths:
+                    ours = ms(m, "rag fused", p, n)
+                    if vs == "gather":
+                        other, who = ms(m, "gather", p, n), ""
+                    else:
+                        cands = [(ms(m, s, p, n), s) for s in PEERS if ms(m, s, p, n)]
+                        other, who = min(cands) if cands else (None, "")
+                    row.append(f"{other / ours:.2f}x" if ours and other else "–")
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    return lines
+
+
+def main():
+    out, header = sys.argv[1], sys.argv[2]
+    records = []
+    for path in sys.argv[3:]:
+        try:
+            with open(path) as f:
+                records += [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            pass
+    lines = open(header).read().rstrip().splitlines() + [""]
+    lines += table(records, "gflops", "Throughput (Table 11 layout)", "useful GFLOP/s, higher is better")
+    lines += table(records, "mib", "Peak memory beyond the inputs (Table 12 layout)", "MiB, lower is better")
+    lines += speedups(records)
+    lines += ["### Time per call (ms)", ""]
+    lines += table(records, "ms", "Time", "ms per call")[2:]
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
