@@ -2,12 +2,13 @@
 # The relative-position attention benchmark, one command: rag_bench_relpos (rag's fused
 # kernels, the gather baseline, the materialising reference) and peers.py (PyTorch eager, SDPA,
 # FlexAttention) on the same inputs, then bench/results/relpos.md (+ relpos.jsonl, the raw cells).
-# usage: bench/relpos/run.sh [--quick]      (--quick: N <= 1024, for a smoke run)
+# usage: bench/relpos/run.sh [--quick]      (--quick: N <= 1024)
+# RELPOS_BENCH_ARGS (e.g. "--tokens 256 --heads 2 --dim 16" for a smoke run) is passed to both.
 # Environment: RAG_BUILD (default build), BENCH_PYTHON (default: ./dev bench-python; peers are
 # skipped, and the table says so, when there is no bench venv).
 #
 # Budget (~15 min on 2 cores): every system runs N = 128 ... 8192 at B * N = 16K tokens until
-# its next call would pass a per-call cap (it doubles with N at a fixed token count), then its
+# its next forward + backward would pass 20 s (it doubles with N at a fixed token count), then its
 # cells read "skip". The materialising op is float64 loops and runs at N = 128 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,14 +21,15 @@ trap 'rm -rf "$tmp"' EXIT
 bench="$BUILD/bench/relpos/rag_bench_relpos"
 [ -x "$bench" ] || { echo "run.sh: no $bench; run ./dev build" >&2; exit 1; }
 start=$(date +%s)
-"$bench" --lengths "$LENGTHS" --cap-s 40 --max-n materialising=128 --check-max-n 2048 \
-  --json "$tmp/rag.jsonl"
+EXTRA=(${RELPOS_BENCH_ARGS:-})
+"$bench" --lengths "$LENGTHS" --cap-s 20 --max-n materialising=128 --check-max-n 2048 \
+  "${EXTRA[@]}" --json "$tmp/rag.jsonl"
 
 PY=${BENCH_PYTHON:-$(./dev bench-python 2>/dev/null || true)}
 peers_note="PyTorch peers: not run (no bench venv; ./dev bench-deps)."
 if [ -n "$PY" ] && "$PY" -c 'import torch' 2>/dev/null; then
-  "$PY" bench/relpos/peers.py --lengths "$LENGTHS" --cap-s 40 --max-gib 12 --check-max-n 2048 \
-    --max-n FlexAttention=2048 --json "$tmp/peers.jsonl"
+  "$PY" bench/relpos/peers.py --lengths "$LENGTHS" --cap-s 20 --max-gib 12 --check-max-n 2048 \
+    --max-n FlexAttention=2048 "${EXTRA[@]}" --json "$tmp/peers.jsonl"
   peers_note="PyTorch peers: torch $("$PY" -c 'import torch; print(torch.__version__)'), $("$PY" -c 'import torch; print(torch.get_num_threads())') threads."
 fi
 elapsed=$(( $(date +%s) - start ))
@@ -35,7 +37,7 @@ elapsed=$(( $(date +%s) - start ))
 cat >"$tmp/header.md" <<EOF
 # Relative-position attention on the CPU (issue 6)
 
-Produced by \`bench/relpos/run.sh${1:+ $1}\` in ${elapsed} s on $(date -u +%Y-%m-%d), $(nproc) cores
+Produced by \`${RELPOS_BENCH_ARGS:+RELPOS_BENCH_ARGS=\"$RELPOS_BENCH_ARGS\" }bench/relpos/run.sh${1:+ $1}\` in ${elapsed} s on $(date -u +%Y-%m-%d), $(nproc) cores
 ($(lscpu | sed -n 's/^Model name: *//p' | head -1)), git $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- jit bench || echo ' + uncommitted changes').
 $peers_note
 
@@ -62,7 +64,7 @@ Every system gets the same input values (rag's counter-based generator, in both 
   (the bias built as the HF / NeMo attention modules build it), **PyTorch SDPA** (that bias as
   attn_mask: the math path, since the bias needs a gradient), **FlexAttention** (torch.compile
   for the CPU, score_mod reading the bias table; forward only: the CPU has no flex backward).
-- skip: the system's next call would exceed 40 s (its time doubles with N at fixed tokens) or
+- skip: the system's next forward + backward would exceed 20 s (its time doubles with N at fixed tokens) or
   its N x N state would exceed 12 GiB; – : not supported.
 EOF
 mkdir -p bench/results
