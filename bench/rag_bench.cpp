@@ -1,14 +1,16 @@
-// One benchmark cell for rag: an example training step (forward, backward, SGD update) on one
-// batch, ragged or padded (the same program on the dense envelope with masks), on the JIT or
-// the interpreter. Prints one JSON line: ms/step (median of the steps after the first), the
-// first call (compile + run), compile seconds, peak buffer bytes of a step, peak RSS growth,
-// the first loss (to check the peers compute the same thing) and the occupancies.
+// One benchmark cell for rag: an example's loss alone (forward) and its training step
+// (forward, backward, SGD update) on one batch, ragged or padded (the same program on the dense
+// envelope with masks), on the JIT or the interpreter. Prints one JSON line per measured
+// function ("fwd": true for the loss): ms/step (the median and the least of the calls after the
+// first), the first call (compile + run), compile seconds, peak buffer bytes of a call, peak RSS
+// growth, the first loss (to check the peers compute the same thing) and the occupancies.
 // `--dump DIR` also writes the batch and the initial params (dense, zero-padded, raw
 // little-endian) with a manifest.json, so the peers run on the very same inputs.
 //
 // usage: rag_bench CASE N_LENGTHS [--padded] [--tier jit|interp] [--steps K] [--threads T]
-//                  [--seed S] [--dump DIR]
+//                  [--seed S] [--dump DIR] [--only fwd|train]
 //   CASE: square | rect | nonleading | encoder   (rect: M lengths are N's reversed)
+//   --only: measure one of the two functions (default: the loss, then the training step)
 #include "dsl/module.hpp"
 #include "runtime/error.hpp"
 #include "runtime/memory.hpp"
@@ -32,7 +34,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Case {
-    std::string file, fn, params;
+    std::string file, fn, loss, params;
     int channels;
     bool second_set; // a second ragged set ~M (rect)
     bool labels;     // an i64[B, ~N] labels argument (encoder)
@@ -40,12 +42,24 @@ struct Case {
 
 Case case_of(const std::string& name) {
     if (name == "square")
-        return {"single_pair_single.rag", "train_step", "PairBlock", 384, false, false};
+        return {"single_pair_single.rag", "train_step", "loss", "PairBlock", 384, false, false};
     if (name == "rect")
-        return {"single_pair_single.rag", "train_step_rect", "PairBlock", 384, true, false};
+        return {"single_pair_single.rag",
+                "train_step_rect",
+                "loss_rect",
+                "PairBlock",
+                384,
+                true,
+                false};
     if (name == "nonleading")
-        return {"single_pair_single.rag", "train_step_nonleading", "PairBlock", 384, false, false};
-    if (name == "encoder") return {"encoder.rag", "train_step", "Encoder", 64, false, true};
+        return {"single_pair_single.rag",
+                "train_step_nonleading",
+                "loss_nonleading",
+                "PairBlock",
+                384,
+                false,
+                false};
+    if (name == "encoder") return {"encoder.rag", "train_step", "loss", "Encoder", 64, false, true};
     fail("unknown case '", name, "'; use square, rect, nonleading or encoder");
 }
 
@@ -131,7 +145,7 @@ int run(int argc, char** argv) {
     std::vector<std::string> a(argv + 1, argv + argc);
     if (a.size() < 2)
         fail("usage: rag_bench CASE N_LENGTHS [--padded] [--tier jit|interp] "
-             "[--steps K] [--threads T] [--seed S] [--dump DIR]");
+             "[--steps K] [--threads T] [--seed S] [--dump DIR] [--only fwd|train]");
     const std::string name = a[0];
     const Case c = case_of(name);
     const auto n = parse_lengths(a[1]);
@@ -139,7 +153,7 @@ int run(int argc, char** argv) {
     Tier tier = Tier::jit;
     int steps = 5, threads = 2;
     std::uint64_t seed = 0;
-    std::string dump_dir;
+    std::string dump_dir, only;
     for (std::size_t k = 2; k < a.size(); ++k) {
         auto value = [&]() -> std::string {
             if (k + 1 >= a.size()) fail(a[k], " needs a value");
@@ -157,9 +171,13 @@ int run(int argc, char** argv) {
             seed = std::stoull(value());
         else if (a[k] == "--dump")
             dump_dir = value();
+        else if (a[k] == "--only")
+            only = value();
         else
             fail("unknown option ", a[k]);
     }
+    if (!only.empty() && only != "fwd" && only != "train")
+        fail("--only takes fwd or train, not '", only, "'");
     set_num_threads(threads);
     // Run from the repository root (bench/run.sh does), or point RAG_ROOT at it.
     const char* root_env = std::getenv("RAG_ROOT");
@@ -181,27 +199,6 @@ int run(int argc, char** argv) {
     args.push_back(params);
     const std::size_t slot = args.size() - 1;
 
-    auto step = [&]() {
-        Value r = mod->call(c.fn, args);
-        args[slot] = r.elems.at(1);
-        return r.elems.at(0).tensor.item();
-    };
-    auto t0 = Clock::now();
-    const double loss0 = step();
-    const double first_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::vector<double> ms;
-    const auto before = memory::stats().current;
-    memory::reset_peak();
-    const long rss0 = status_kb("VmRSS:");
-    reset_hwm();
-    for (int s = 1; s < steps; ++s) {
-        auto t = Clock::now();
-        step();
-        ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t).count());
-    }
-    const long hwm = status_kb("VmHWM:");
-    const auto peak = memory::stats().peak - before;
-
     // Occupancy: valid / padded entries of the token state and of the pair state.
     double tok = 0, pair = 0;
     const double nmax = double(*std::max_element(n.begin(), n.end()));
@@ -212,16 +209,48 @@ int run(int argc, char** argv) {
         pair += double(n[i]) * double(mm[i]);
     }
     const double B = double(n.size());
-    const auto st = mod->stats().at(c.fn);
-    std::printf("{\"case\": \"%s\", \"mode\": \"%s\", \"tier\": \"%s\", \"system\": \"rag\", "
-                "\"lengths\": \"%s\", \"threads\": %d, \"steps\": %d, \"ms_step\": %.3f, "
-                "\"first_call_s\": %.4f, \"compile_s\": %.4f, \"compilations\": %d, "
-                "\"peak_bytes\": %zu, \"peak_rss_bytes\": %ld, \"loss0\": %.9g, "
-                "\"rho_tokens\": %.4f, \"rho_pairs\": %.4f}\n",
-                name.c_str(), padded ? "padded" : "ragged", tier == Tier::jit ? "jit" : "interp",
-                a[1].c_str(), threads, steps, median(ms), first_s, st.compile_seconds,
-                st.compilations, peak, (hwm - rss0) * 1024L, loss0, tok / (B * nmax),
-                pair / (B * nmax * mmax));
+
+    // Calls `fn` `steps` times; the training step feeds its updated params to the next call.
+    auto measure = [&](const std::string& fn, bool fwd) {
+        auto call = [&]() {
+            Value r = mod->call(fn, args);
+            if (fwd) return r.tensor.item();
+            args[slot] = r.elems.at(1);
+            return r.elems.at(0).tensor.item();
+        };
+        auto t0 = Clock::now();
+        const double loss0 = call();
+        const double first_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        std::vector<double> ms;
+        const auto before = memory::stats().current;
+        memory::reset_peak();
+        const long rss0 = status_kb("VmRSS:");
+        reset_hwm();
+        for (int s = 1; s < steps; ++s) {
+            auto t = Clock::now();
+            call();
+            ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t).count());
+        }
+        const long hwm = status_kb("VmHWM:");
+        const auto peak = memory::stats().peak - before;
+        const auto st = mod->stats().at(fn);
+        std::printf("{\"case\": \"%s\", \"mode\": \"%s\", \"tier\": \"%s\", \"system\": \"rag\", "
+                    "\"fwd\": %s, \"lengths\": \"%s\", \"threads\": %d, \"steps\": %d, "
+                    "\"ms_step\": %.3f, \"ms_min\": %.3f, "
+                    "\"first_call_s\": %.4f, \"compile_s\": %.4f, \"compilations\": %d, "
+                    "\"peak_bytes\": %zu, \"peak_rss_bytes\": %ld, \"loss0\": %.9g, "
+                    "\"rho_tokens\": %.4f, \"rho_pairs\": %.4f}\n",
+                    name.c_str(), padded ? "padded" : "ragged",
+                    tier == Tier::jit ? "jit" : "interp", fwd ? "true" : "false", a[1].c_str(),
+                    threads, steps, median(ms),
+                    ms.empty() ? 0.0 : *std::min_element(ms.begin(), ms.end()), first_s,
+                    st.compile_seconds, st.compilations, peak, (hwm - rss0) * 1024L, loss0,
+                    tok / (B * nmax), pair / (B * nmax * mmax));
+        std::fflush(stdout);
+    };
+    // The loss first: the training step would change the params it sees.
+    if (only != "train") measure(c.loss, true);
+    if (only != "fwd") measure(c.fn, false);
     return 0;
 }
 

@@ -30,15 +30,17 @@ declare -A LENGTHS=(
 )
 JSONL=$OUT/peers.jsonl
 : >"$JSONL"
-cell() { # label command...: one JSON line into $JSONL, or an error line
-  local label=$1; shift
-  local line
-  if line=$("$@" 2>"$TMP/err"); then
-    echo "$line" | tail -n 1 | tee -a "$JSONL"
-  else
-    local msg; msg=$(tail -n 1 "$TMP/err" | tr '"\\' "''" | cut -c1-200)
-    echo "{$label, \"error\": \"$msg\"}" | tee -a "$JSONL"
-  fi
+cell() { # WANT LABEL COMMAND...: the command's JSON lines into $JSONL. WANT: the "fwd" values it
+  # measures ("true false": the loss, then the training step); each it did not print becomes an
+  # error line with the command's last message.
+  local want=$1 label=$2; shift 2
+  "$@" >"$TMP/out" 2>"$TMP/err" || true
+  grep '^{' "$TMP/out" | tee -a "$JSONL" || true
+  local msg; msg=$(tail -n 1 "$TMP/err" | tr '"\\' "''" | cut -c1-200)
+  for fwd in $want; do
+    grep -q "\"fwd\": $fwd" "$TMP/out" ||
+      echo "{$label, \"fwd\": $fwd, \"error\": \"${msg:-no output}\"}" | tee -a "$JSONL"
+  done
 }
 for profile in uniform variable; do
   for case in square rect nonleading encoder; do
@@ -47,14 +49,14 @@ for profile in uniform variable; do
     dump=$TMP/$case-$profile
     base="\"case\": \"$case\", \"lengths\": \"$lengths\""
     echo "== $case $profile ($lengths)" >&2
-    cell "$base, \"system\": \"rag\", \"mode\": \"ragged\", \"tier\": \"jit\"" \
+    cell "true false" "$base, \"system\": \"rag\", \"mode\": \"ragged\", \"tier\": \"jit\"" \
       "$RAG_BENCH" "$case" "$lengths" --steps "$STEPS" --threads "$THREADS" --dump "$dump"
-    cell "$base, \"system\": \"rag\", \"mode\": \"padded\", \"tier\": \"jit\"" \
+    cell "true false" "$base, \"system\": \"rag\", \"mode\": \"padded\", \"tier\": \"jit\"" \
       "$RAG_BENCH" "$case" "$lengths" --padded --steps "$STEPS" --threads "$THREADS"
-    cell "$base, \"system\": \"rag\", \"mode\": \"ragged\", \"tier\": \"interp\"" \
-      "$RAG_BENCH" "$case" "$lengths" --tier interp --steps 2 --threads "$THREADS"
+    cell false "$base, \"system\": \"rag\", \"mode\": \"ragged\", \"tier\": \"interp\"" \
+      "$RAG_BENCH" "$case" "$lengths" --tier interp --steps 2 --threads "$THREADS" --only train
     for peer in torch_padded torch_nested danling_nt; do
-      cell "$base, \"system\": \"${peer//_/-}\"" \
+      cell "true false" "$base, \"system\": \"${peer//_/-}\"" \
         "$PY" "bench/peers/$peer.py" "$dump" --steps "$STEPS" --threads "$THREADS"
     done
   done

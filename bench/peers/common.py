@@ -10,13 +10,16 @@ import time
 
 import numpy as np
 
+import models
+
 
 def args():
     ap = argparse.ArgumentParser()
     ap.add_argument("dump")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--fwd", action="store_true", help="time the loss only, no backward")
+    ap.add_argument("--only", choices=["fwd", "train"],
+                    help="measure the loss alone or the training step (default: both)")
     return ap.parse_args()
 
 
@@ -56,8 +59,8 @@ def reset_hwm():
 
 
 def measure(step, steps):
-    """step() -> loss (float). Returns first call seconds, median ms of later steps, loss0 and
-    the peak RSS growth over the later steps (VmHWM after clear_refs)."""
+    """step() -> loss (float). Returns first call seconds, the median and the least ms of later
+    steps, loss0 and the peak RSS growth over the later steps (VmHWM after clear_refs)."""
     t = time.perf_counter()
     loss0 = step()
     first = time.perf_counter() - t
@@ -69,18 +72,46 @@ def measure(step, steps):
         step()
         ms.append(1e3 * (time.perf_counter() - t))
     hwm = status_kb("VmHWM:")
-    return first, float(np.median(ms)) if ms else 0.0, loss0, (hwm - rss0) * 1024
+    return (first, float(np.median(ms)) if ms else 0.0, min(ms) if ms else 0.0, loss0,
+            (hwm - rss0) * 1024)
 
 
-def report(system, man, a, result=None, error=None):
+def report(system, man, a, fwd, result=None, error=None):
     out = {"case": man["case"], "system": system, "mode": system, "tier": "cpu",
            "lengths": ",".join(str(n) for n in man["n"]), "threads": a.threads,
-           "steps": a.steps, "fwd": a.fwd}
+           "steps": a.steps, "fwd": fwd}
     if error is not None:
         out["error"] = error
     else:
-        first, ms, loss0, rss = result
-        out.update(ms_step=round(ms, 3), first_call_s=round(first, 4), loss0=loss0,
+        first, ms, ms_min, loss0, rss = result
+        out.update(ms_step=round(ms, 3), ms_min=round(ms_min, 3), first_call_s=round(first, 4),
+                   loss0=loss0,
                    peak_rss_bytes=rss)
     print(json.dumps(out))
     sys.stdout.flush()
+
+
+def bench(system, man, a, torch, loss_fn, p, lr):
+    """The loss alone (no autograd), then the training step (forward, backward, SGD), as rag_bench
+    measures them: one JSON line each, or the error that shows the program is not expressible."""
+
+    def fwd():
+        with torch.no_grad():
+            return float(loss_fn(p))
+
+    def train():
+        loss = loss_fn(p)
+        loss.backward()
+        models.sgd(torch, p, lr)
+        return loss.item()
+
+    for is_fwd, step in ((True, fwd), (False, train)):
+        if a.only and a.only != ("fwd" if is_fwd else "train"):
+            continue
+        try:
+            result = measure(step, a.steps)
+        except Exception as e:  # not expressible: record why
+            msg = str(e).splitlines()[0][:160] if str(e) else ""
+            report(system, man, a, is_fwd, error=f"{type(e).__name__}: {msg}")
+        else:
+            report(system, man, a, is_fwd, result)

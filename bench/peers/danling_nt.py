@@ -53,19 +53,4 @@ loss_fn = {"square": pair_loss, "rect": pair_loss, "nonleading": nonleading_loss
            "encoder": encoder_loss}[case]
 
 
-def step():
-    if a.fwd:
-        with torch.no_grad():
-            return float(loss_fn(p))
-    loss = loss_fn(p)
-    loss.backward()
-    models.sgd(torch, p, models.LR[case])
-    return float(loss)
-
-
-try:
-    result = common.measure(step, a.steps)
-except Exception as e:  # not expressible: record why
-    common.report("danling-nt", man, a, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-else:
-    common.report("danling-nt", man, a, result)
+common.bench("danling-nt", man, a, torch, loss_fn, p, models.LR[case])

@@ -38,19 +38,4 @@ else:
     loss_fn = pair_loss
 
 
-def step():
-    if a.fwd:
-        with torch.no_grad():
-            return float(loss_fn(p))
-    loss = loss_fn(p)
-    loss.backward()
-    models.sgd(torch, p, models.LR[case])
-    return float(loss)
-
-
-try:
-    result = common.measure(step, a.steps)
-except Exception as e:  # the program is not expressible: record why
-    common.report("torch-nested", man, a, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-else:
-    common.report("torch-nested", man, a, result)
+common.bench("torch-nested", man, a, torch, loss_fn, p, models.LR[case])

@@ -1,4 +1,4 @@
-"""PyTorch, padded with masks: python torch_padded.py DUMP [--steps K] [--threads T]"""
+"""PyTorch, padded with masks: python torch_padded.py DUMP [--steps K] [--threads T] [--only ...]"""
 import common
 import models
 
@@ -9,15 +9,4 @@ case = man["case"]
 p = models.params(torch, arrays)
 m = models.Padded(torch, man, arrays)
 
-
-def step():
-    if a.fwd:
-        with torch.no_grad():
-            return float(m.loss(case, p))
-    loss = m.loss(case, p)
-    loss.backward()
-    models.sgd(torch, p, models.LR[case])
-    return float(loss)
-
-
-common.report("torch-padded", man, a, common.measure(step, a.steps))
+common.bench("torch-padded", man, a, torch, lambda p: m.loss(case, p), p, models.LR[case])
