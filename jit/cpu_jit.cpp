@@ -1,6 +1,7 @@
 #include "jit/cpu_jit.hpp"
 
 #include "jit/elementwise_llvm.hpp"
+#include "jit/attention_cpu.hpp"
 #include "jit/index_map.hpp"
 #include "jit/layout.hpp"
 #include "jit/llvm_jit.hpp"
@@ -180,6 +181,8 @@ class CompiledCpu final : public CpuFunction {
             vals[std::size_t(s.index)] = run_layout(f_.nodes[std::size_t(s.index)], vals);
         else if (s.kind == Step::Kind::rowwise)
             run_rowwise(f_, s.index, s.also, vals);
+        else if (s.kind == Step::Kind::attention)
+            run_attention(f_, s.index, s.also, vals);
         else if (s.kind == Step::Kind::gemm)
             run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
         else

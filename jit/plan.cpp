@@ -1,5 +1,6 @@
 #include "jit/plan.hpp"
 
+#include "jit/attention_cpu.hpp"
 #include "jit/layout.hpp"
 #include "jit/rowwise.hpp"
 #include "jit/segmented.hpp"
@@ -97,11 +98,12 @@ Plan make_plan(const ir::Function& f) {
             group_of[i] = int(p.groups.size()) - 1;
             continue;
         }
-        if (is_rowwise(n)) {
-            // layernorm_grad wrt=0, 1, 2 of one call: one pass computes them all.
-            Step s{Step::Kind::rowwise, int(i), {}};
+        if (is_rowwise(n) || is_attention(n)) {
+            // layernorm_grad (attention_grad) wrt=0, 1, 2 of one call: one pass computes them.
+            const bool rows = is_rowwise(n);
+            Step s{rows ? Step::Kind::rowwise : Step::Kind::attention, int(i), {}};
             for (std::size_t j = i + 1; j < f.nodes.size(); ++j)
-                if (same_norm_grad(n, f.nodes[j])) {
+                if (rows ? same_norm_grad(n, f.nodes[j]) : same_attention_grad(n, f.nodes[j])) {
                     s.also.push_back(int(j));
                     done[j] = true;
                 }
@@ -148,6 +150,7 @@ std::string print(const Plan& p, const ir::Function& f) {
             os << (s.kind == Step::Kind::gemm        ? "gemm      %"
                    : s.kind == Step::Kind::segmented ? "segmented %"
                    : s.kind == Step::Kind::rowwise   ? "rowwise   %"
+                   : s.kind == Step::Kind::attention ? "attention %"
                    : s.kind == Step::Kind::layout
                        ? (layout_kind(f, n) == LayoutKind::view ? "view      %" : "permute   %")
                        : "reference %")

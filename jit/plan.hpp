@@ -3,7 +3,8 @@
 // `x @ W` over packed rows and its weight gradient (x^T g summed over all rows) become one BLAS
 // GEMM each; `sum`/`mean` (over one axis or globally), their gradients and `sum_to` run as
 // segmented loops (jit/segmented.hpp); layernorm/rmsnorm and their gradients as row loops
-// (jit/rowwise.hpp); index/index_grad/transpose that move no data or whole rows as views or
+// (jit/rowwise.hpp); attention and its gradients as per-(sample, head) GEMMs
+// (jit/attention_cpu.hpp); index/index_grad/transpose that move no data or whole rows as views or
 // row copies (jit/layout.hpp); every other op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
@@ -36,9 +37,9 @@ struct FusedGroup {
 };
 
 struct Step {
-    enum class Kind { fused, gemm, segmented, rowwise, layout, reference } kind;
+    enum class Kind { fused, gemm, segmented, rowwise, attention, layout, reference } kind;
     int index;             // the group (fused) or the IR node (the others)
-    std::vector<int> also; // rowwise: sibling gradient nodes the same pass computes
+    std::vector<int> also; // rowwise, attention: sibling gradient nodes the same pass computes
 };
 
 struct Plan {

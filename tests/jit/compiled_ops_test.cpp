@@ -143,8 +143,8 @@ std::vector<RaggedTensor> sum_to_inputs(const ir::Function& f,
     }
     std::string axes;
     for (const Axis& a : ls.shape.axes)
-        axes += (axes.empty() ? "" : ", ") +
-                (a.is_ragged() ? "~" + a.name : std::to_string(a.extent));
+        axes +=
+            (axes.empty() ? "" : ", ") + (a.is_ragged() ? "~" + a.name : std::to_string(a.extent));
     return {g, random_batch(ls.dtype, axes, shapes)};
 }
 
@@ -261,6 +261,35 @@ TEST(CompiledOps, PairCreatingBroadcastsReadTheirOperandsThroughIndexMaps) {
                                  std::vector<std::int64_t>{1, 1}, std::vector<std::int64_t>{40, 7}})
                 expect_tiers_agree(f, inputs_for(f, lengths));
         }
+}
+
+// Packed attention and its three cotangents (one pass): self and cross attention, causal or
+// not, with empty and one-row samples.
+TEST(CompiledOps, AttentionAndItsGradientsArePerSampleGemms) {
+    for (DType t : {DType::f32, DType::f64})
+        for (const char* kv : {"~N", "~M"})
+            for (bool causal : {false, true}) {
+                SCOPED_TRACE(std::string(dtype_name(t)) + " keys " + kv +
+                             (causal ? " causal" : ""));
+                ir::Function f;
+                f.name = "attention";
+                ir::Builder b(f);
+                int q = b.input(ragged(t, "~N, 3, 8"), "q");
+                int k = b.input(ragged(t, std::string(kv) + ", 3, 8"), "k");
+                int v = b.input(ragged(t, std::string(kv) + ", 3, 5"), "v");
+                Attrs at{{"causal", causal}};
+                int o = b.op("attention", {q, k, v}, at);
+                int g = b.input(f.type(o), "g");
+                f.outputs = {o};
+                for (std::int64_t w = 0; w < 3; ++w) {
+                    Attrs a = at;
+                    f.outputs.push_back(b.op("attention_grad", {q, k, v, g}, a.set("wrt", w)));
+                }
+                EXPECT_EQ(jit::print(jit::compile_cpu(f)->plan(), f),
+                          "attention %3 = attention\nattention %5 %6 %7 = attention_grad\n");
+                for (auto lengths : {with_0_and_1, std::vector<std::int64_t>{40, 17, 1}})
+                    expect_tiers_agree(f, inputs_for(f, lengths));
+            }
 }
 
 // Operands whose runtime extents disagree get the reference kernel's error naming the sample.
