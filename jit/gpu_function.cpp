@@ -1,12 +1,76 @@
 #include "jit/gpu_function.hpp"
 
+#include "jit/kir_gpu.hpp"
+#include "jit/reduce_programs.hpp"
+#include "jit/relpos_gpu.hpp"
 #include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace rag::jit {
 namespace {
+
+// sum/mean over one axis, their gradients, softmax and its gradient (f32) on the device through
+// their kernel-IR programs (jit/reduce_programs.hpp). Says whether node i ran here.
+bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals) {
+    std::vector<RaggedTensor> args;
+    for (int a : n.args) args.push_back(vals[std::size_t(a)]);
+    std::optional<SegmentJob> job = segment_job(n, args);
+    if (!job) return false;
+    const SegOp op = job->op;
+    const GpuKernel& k =
+        gpu_kernel("segment/" + std::to_string(int(op)), [op] { return segment_program(op); });
+    std::vector<cuda::Buffer> bufs;
+    bufs.push_back(to_device(job->seg));
+    for (const RaggedTensor& t : job->inputs) bufs.push_back(to_device(t));
+    bufs.push_back(device_buffer(std::size_t(job->out->numel()) * 4));
+    std::vector<std::uint64_t> ptrs;
+    for (const auto& b : bufs) ptrs.push_back(b.ptr());
+    k.launch(job->grid(), ptrs, {});
+    vals[i] = from_device(bufs.back(), DType::f32, job->out);
+    return true;
+}
+
+// relpos_attention and its gradient nodes on the device. Autodiff emits one
+// relpos_attention_grad node per input (attr wrt): the first of them to run computes every
+// gradient in one backward pass, on the device state of the forward when it ran in the same
+// call (its O and log-sum-exp stay there), and its siblings take their share.
+class RelposSteps {
+  public:
+    // Runs node i if it is a relpos node (writing vals[i]) and says whether it was.
+    bool run(const ir::Function& f, std::size_t i, std::vector<RaggedTensor>& vals) {
+        const ir::Node& n = f.nodes[i];
+        const bool grad = n.op == "relpos_attention_grad";
+        if (!grad && n.op != "relpos_attention") return false;
+        std::vector<int> args(n.args.begin(), n.args.end() - grad);
+        std::vector<RaggedTensor> in;
+        for (int a : args) in.push_back(vals[std::size_t(a)]);
+        const Key key{args, Attrs(n.attrs).set("wrt", std::int64_t(-1)).str()};
+        auto& dev = devices_[key];
+        if (!grad) {
+            dev = std::make_unique<RelposOnDevice>(in, n.attrs);
+            dev->forward();
+            vals[i] = dev->out();
+            return true;
+        }
+        auto& grads = gradients_[{key, n.args.back()}];
+        if (grads.empty()) {
+            if (!dev) dev = std::make_unique<RelposOnDevice>(in, n.attrs);
+            dev->set_dO(vals[std::size_t(n.args.back())]);
+            dev->backward();
+            grads = dev->gradients();
+        }
+        vals[i] = grads.at(std::size_t(n.attrs.get_int("wrt")));
+        return true;
+    }
+
+  private:
+    using Key = std::pair<std::vector<int>, std::string>; // q, k, v, tables; attrs but wrt
+    std::map<Key, std::unique_ptr<RelposOnDevice>> devices_;
+    std::map<std::pair<Key, int>, std::vector<RaggedTensor>> gradients_; // by (key, dO)
+};
 
 class CompiledGpu final : public GpuFunction {
   public:
@@ -34,11 +98,18 @@ class CompiledGpu final : public GpuFunction {
                     DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
             }
         }
+        RelposSteps relpos;
         for (const Step& s : plan_.steps) {
-            if (s.kind == Step::Kind::fused)
+            if (s.kind == Step::Kind::fused) {
                 run_group(std::size_t(s.index), vals);
-            else
-                reference(std::size_t(s.index), vals);
+                continue;
+            }
+            // A step may compute sibling nodes too (rowwise, attention: every wrt of one
+            // gradient); on the host each runs its own reference kernel.
+            const std::size_t i = std::size_t(s.index);
+            if (!relpos.run(f_, i, vals) && !run_segment_program(f_.nodes[i], i, vals))
+                reference(i, vals);
+            for (int i : s.also) reference(std::size_t(i), vals);
         }
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);

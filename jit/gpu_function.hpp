@@ -1,8 +1,11 @@
 // The GPU tier (first cut): a function's plan with every fused elementwise group running as a
-// CUDA kernel (jit/ptx.hpp), and every other step (GEMMs, reductions, the rest) on the host
-// through the reference kernels. Tensors live on the host between steps: each kernel uploads
-// its inputs and downloads its outputs, so this checks GPU code against the CPU tier rather
-// than being fast. This header knows nothing of LLVM or of the driver.
+// CUDA kernel (jit/ptx.hpp), relpos_attention and its gradients as the fused tile programs
+// (jit/relpos_gpu.hpp), f32 sum/mean over one axis, their gradients, softmax and its gradient
+// as segment programs (jit/reduce_programs.hpp); every other step (GEMMs, attention, norms,
+// the rest) runs on the host through the reference kernels. Tensors live on the host between
+// steps: each step uploads its inputs and downloads its outputs, so this checks GPU code
+// against the CPU tier rather than being fast. This header knows nothing of LLVM or of the
+// driver.
 #pragma once
 #include "jit/ptx.hpp"
 

@@ -1,14 +1,20 @@
 // Execution on a CUDA device against the CPU tier: every fused op (f32, f64; operands read
-// whole, as a row, as a scalar), every example function, and the device allocator. Without a
-// device every test here is skipped with the reason (tests/gpu/run.sh runs them on a GPU).
+// whole, as a row, as a scalar), every example function, the segment programs, the
+// relative-position tile programs (forward and every gradient, four mechanisms, bidirectional
+// and causal, f32 and f16) and the device allocator. Without a device every test here is
+// skipped with the reason (tests/gpu/run.sh runs them on a GPU).
 #include "dsl/module.hpp"
 #include "frontend/lower.hpp"
 #include "jit/cpu_jit.hpp"
 #include "jit/gpu_function.hpp"
+#include "jit/kir_gpu.hpp"
+#include "jit/relpos.hpp"
+#include "jit/relpos_gpu.hpp"
 #include "runtime/cuda.hpp"
 #include "tests/support/testing.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 namespace rag {
@@ -126,6 +132,190 @@ TEST(GpuExec, InvalidPtxShowsTheDriverLog) {
     });
     EXPECT_NE(msg.find("loading PTX"), std::string::npos) << msg;
     EXPECT_NE(msg.find("bogus"), std::string::npos) << msg; // from the driver's JIT log
+}
+
+// One relative-position mechanism of REFERENCE.md section 2 with small map parameters, so
+// that saturated and band tiles both occur at these lengths.
+struct Mechanism {
+    std::string name;
+    std::int64_t R;
+    Attrs attrs;
+    bool aq, ak, bias;
+};
+
+std::vector<Mechanism> mechanisms(std::int64_t longest) {
+    using A = Attrs;
+    const std::string s = "map";
+    return {
+        {"Shaw clip(8)", 17,
+         A{{s, std::string("clip")}, {"distance", std::int64_t(8)}, {"aq", true}}, true, false,
+         false},
+        {"Transformer-XL identity", 2 * (longest + 3) - 1,
+         A{{s, std::string("identity")}, {"aq", true}, {"ak", true}, {"bias", true}}, true, true,
+         true},
+        {"DeBERTa log_buckets(8, 16)", 16,
+         A{{s, std::string("log_buckets")},
+           {"size", std::int64_t(8)},
+           {"max_position", std::int64_t(16)},
+           {"aq", true},
+           {"ak", true}},
+         true, true, false},
+        {"T5 t5_buckets(8, 16)", 8,
+         A{{s, std::string("t5_buckets")},
+           {"num", std::int64_t(8)},
+           {"max_distance", std::int64_t(16)},
+           {"bias", true},
+           {"scale", 1.0}},
+         false, false, true},
+    };
+}
+
+struct RelposCase {
+    std::vector<RaggedTensor> in; // q, k, v, the tables
+    RaggedTensor dO;
+    Attrs at;
+};
+
+RelposCase relpos_case(const Mechanism& m, DType t, bool causal,
+                       const std::vector<std::int64_t>& lengths) {
+    const std::int64_t H = 2, D = 16, Dv = 24; // Dv != D, so a swapped width shows
+    auto tokens = [&](std::int64_t width) {
+        const std::string axes = "~N, " + std::to_string(H) + ", " + std::to_string(width);
+        std::vector<Shape_> shapes;
+        for (auto n : lengths) shapes.push_back({n, H, width});
+        return random_batch(t, axes, shapes);
+    };
+    RelposCase c{
+        {tokens(D), tokens(D), tokens(Dv)}, tokens(Dv), Attrs(m.attrs).set("causal", causal)};
+    if (m.aq) c.in.push_back(random_dense(t, {m.R, H, D}));
+    if (m.ak) c.in.push_back(random_dense(t, {m.R, H, D}));
+    if (m.bias) c.in.push_back(random_dense(t, {m.R, H}));
+    return c;
+}
+
+bool bitwise_equal(const RaggedTensor& a, const RaggedTensor& b) {
+    const std::size_t n = std::size_t(a.numel()) * dtype_size(a.dtype());
+    return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), n) == 0;
+}
+
+// The tile programs on the device against the same programs on the CPU: the output, every
+// gradient (q, k, v and each table), and the same bits on a second run (no atomics).
+TEST(GpuExec, RelposTileProgramsMatchTheCpuKernels) {
+    SKIP_WITHOUT_DEVICE();
+    // Around the 64-token strip and tile: empty, single, 63/64/65, several strips.
+    const std::vector<std::int64_t> lengths = {65, 1, 0, 130, 64, 63};
+    for (DType t : {DType::f32, DType::f16})
+        for (const Mechanism& m : mechanisms(130))
+            for (bool causal : {false, true}) {
+                SCOPED_TRACE(m.name + (causal ? " causal " : " bidirectional ") +
+                             std::string(dtype_name(t)));
+                const RelposCase c = relpos_case(m, t, causal, lengths);
+                const double tol = t == DType::f32 ? 1e-5 : 2e-3;
+                const RaggedTensor want = jit::relpos_forward(c.in, c.at).out;
+                const RaggedTensor got = jit::relpos_forward_gpu(c.in, c.at);
+                EXPECT_TRUE(got.structure().same_as(want.structure()));
+                EXPECT_LE(rel_l2(got, want), tol) << "output";
+                const auto gw = jit::relpos_backward(c.in, c.dO, c.at);
+                const auto gg = jit::relpos_backward_gpu(c.in, c.dO, c.at);
+                ASSERT_EQ(gg.size(), gw.size());
+                for (std::size_t k = 0; k < gw.size(); ++k) {
+                    EXPECT_EQ(gg[k].schema(), gw[k].schema()) << "gradient " << k;
+                    EXPECT_LE(rel_l2(gg[k], gw[k]), tol) << "gradient " << k;
+                }
+                const auto again = jit::relpos_backward_gpu(c.in, c.dO, c.at);
+                for (std::size_t k = 0; k < gg.size(); ++k)
+                    EXPECT_TRUE(bitwise_equal(again[k], gg[k])) << "gradient " << k;
+            }
+}
+
+// One long sample past every map's saturation, many strips per (sample, head) instance, and
+// more instances than the launch has blocks.
+TEST(GpuExec, RelposLongSampleMatchesTheCpuKernels) {
+    SKIP_WITHOUT_DEVICE();
+    for (const Mechanism& m : mechanisms(1000)) {
+        SCOPED_TRACE(m.name);
+        const RelposCase c = relpos_case(m, DType::f32, false, {1000, 3});
+        EXPECT_LE(rel_l2(jit::relpos_forward_gpu(c.in, c.at), jit::relpos_forward(c.in, c.at).out),
+                  1e-5);
+        const auto gw = jit::relpos_backward(c.in, c.dO, c.at);
+        const auto gg = jit::relpos_backward_gpu(c.in, c.dO, c.at);
+        for (std::size_t k = 0; k < gw.size(); ++k)
+            EXPECT_LE(rel_l2(gg[k], gw[k]), 1e-5) << "gradient " << k;
+    }
+}
+
+TEST(GpuExec, RelposErrorsAreTheCpuTiersErrors) {
+    SKIP_WITHOUT_DEVICE();
+    const Mechanism m = mechanisms(10)[0];
+    RelposCase c = relpos_case(m, DType::f32, false, {5, 7});
+    RelposCase other = relpos_case(m, DType::f32, false, {5, 6});
+    c.in[1] = other.in[1]; // k of another length in sample 1
+    const std::string cpu = error_of([&] { jit::relpos_forward(c.in, c.at); });
+    const std::string gpu = error_of([&] { jit::relpos_forward_gpu(c.in, c.at); });
+    EXPECT_NE(cpu.find("sample 1"), std::string::npos) << cpu;
+    EXPECT_EQ(gpu, cpu);
+}
+
+// relpos_attention, its gradients (every wrt), segmented sums, softmax and their gradients,
+// and layernorm's sibling gradients, through the GPU tier against the CPU tier.
+TEST(GpuExec, GpuTierRunsRelposAndReductionsOnTheDevice) {
+    SKIP_WITHOUT_DEVICE();
+    const Mechanism m = mechanisms(70)[1]; // every table
+    const RelposCase c = relpos_case(m, DType::f32, false, {70, 0, 5});
+    ir::Function f;
+    f.name = "relpos_and_reductions";
+    ir::Builder b(f);
+    std::vector<int> args;
+    const char* names[] = {"q", "k", "v", "aq", "ak", "bias"};
+    for (std::size_t k = 0; k < c.in.size(); ++k)
+        args.push_back(b.input(c.in[k].schema(), names[k]));
+    const int dO = b.input(c.dO.schema(), "dO");
+    const int o = b.op("relpos_attention", args, c.at);
+    f.outputs.push_back(o);
+    std::vector<int> with_dO = args;
+    with_dO.push_back(dO);
+    for (std::size_t k = 0; k < c.in.size(); ++k)
+        f.outputs.push_back(
+            b.op("relpos_attention_grad", with_dO, Attrs(c.at).set("wrt", std::int64_t(k))));
+    const Attrs over_n{{"axis", std::int64_t(1)}}, last{{"axis", std::int64_t(-1)}};
+    const int s = b.op("sum", {o}, over_n), mn = b.op("mean", {o}, over_n);
+    const int sm = b.op("softmax", {o}, last);
+    f.outputs.insert(f.outputs.end(), {s, mn, sm, b.op("softmax_grad", {sm, dO}, last)});
+    f.outputs.push_back(
+        b.op("reduce_grad", {o, s, s}, Attrs(over_n).set("kind", std::string("sum"))));
+    f.outputs.push_back(
+        b.op("reduce_grad", {o, mn, mn}, Attrs(over_n).set("kind", std::string("mean"))));
+    std::vector<RaggedTensor> in = c.in;
+    in.push_back(c.dO);
+    // layernorm over the last axis of dO and its three gradients: one rowwise step with
+    // sibling nodes, each of which must be computed.
+    const RaggedTensor gain = random_dense(DType::f32, {24}), bias = random_dense(DType::f32, {24});
+    const int g_in = b.input(gain.schema(), "gain"), b_in = b.input(bias.schema(), "bias");
+    in.push_back(gain);
+    in.push_back(bias);
+    const Attrs eps{{"eps", 1e-5}};
+    f.outputs.push_back(b.op("layernorm", {dO, g_in, b_in}, eps));
+    for (std::int64_t k = 0; k < 3; ++k)
+        f.outputs.push_back(b.op("layernorm_grad", {dO, g_in, b_in, o}, Attrs(eps).set("wrt", k)));
+    ir::verify(f);
+    expect_gpu_matches_cpu(f, in);
+}
+
+TEST(GpuExec, KernelIrLaunchesFewerBlocksThanInstances) {
+    SKIP_WITHOUT_DEVICE();
+    // Each instance writes its own id: every one of 100000 instances runs exactly once even
+    // though the launch has at most multiprocessors x 8 blocks.
+    kir::Builder kb("ids");
+    const int out = kb.buffer("out", kir::Elem::i64);
+    kb.store(out, kb.pid(), kb.pid() + 1);
+    const jit::GpuKernel& k = jit::gpu_kernel("test/ids", [&] { return kb.finish(); });
+    const std::int64_t grid = 100000;
+    cuda::Buffer buf = jit::device_zeros(std::size_t(grid) * 8);
+    const std::uint64_t ptrs[] = {buf.ptr()};
+    k.launch(grid, ptrs, {});
+    std::vector<std::int64_t> got(static_cast<std::size_t>(grid));
+    cuda::download(got.data(), buf, got.size() * 8);
+    for (std::int64_t i = 0; i < grid; ++i) ASSERT_EQ(got[std::size_t(i)], i + 1) << i;
 }
 
 } // namespace

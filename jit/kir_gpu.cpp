@@ -1,0 +1,99 @@
+#include "jit/kir_gpu.hpp"
+
+#include "jit/gpu_function.hpp"
+#include "jit/kir_nvptx.hpp"
+#include "runtime/cuda.hpp"
+#include "runtime/error.hpp"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace rag::jit {
+namespace {
+
+class LoadedKernel final : public GpuKernel {
+  public:
+    explicit LoadedKernel(kir::Kernel k)
+        : k_(std::move(k)), ptx_(kir_ptx(k_, device_arch())), module_(ptx_),
+          fn_(module_.kernel(k_.name)) {}
+
+    const std::string& ptx() const override { return ptx_; }
+    const kir::Kernel& kernel() const override { return k_; }
+
+    void launch(std::int64_t grid, std::span<const std::uint64_t> buffers,
+                std::span<const std::int64_t> params) const override {
+        if (buffers.size() != k_.globals() || params.size() != k_.params.size())
+            fail("internal: kernel ", k_.name, " launched with ", buffers.size(), " buffers and ",
+                 params.size(), " parameters, wants ", k_.globals(), " and ", k_.params.size());
+        if (grid <= 0) return;
+        const std::int64_t per_block = kir_scratch_bytes(k_, params);
+        const std::int64_t blocks = kir_gpu_blocks(grid, per_block, cuda::device().multiprocessors);
+        // Returned to the cache when this function returns, while the kernel may still run:
+        // only work queued after it on the same stream can be handed the block again.
+        cuda::Buffer scratch(std::size_t(per_block * blocks));
+        // The entry's parameters (jit/kir_nvptx.hpp): grid, the i64 parameters, one pointer per
+        // global buffer, the scratch pointer. cuLaunchKernel takes the address of each value.
+        std::vector<std::int64_t> ints{grid};
+        ints.insert(ints.end(), params.begin(), params.end());
+        std::vector<std::uint64_t> ptrs(buffers.begin(), buffers.end());
+        ptrs.push_back(scratch.ptr());
+        std::vector<void*> args;
+        for (auto& v : ints) args.push_back(&v);
+        for (auto& p : ptrs) args.push_back(&p);
+        fn_.launch(unsigned(blocks), kKirBlock, args);
+    }
+
+  private:
+    kir::Kernel k_;
+    std::string ptx_;
+    cuda::Module module_;
+    cuda::Kernel fn_;
+};
+
+} // namespace
+
+std::int64_t kir_gpu_blocks(std::int64_t grid, std::int64_t scratch_bytes, int multiprocessors) {
+    std::int64_t blocks =
+        std::min<std::int64_t>(grid, std::int64_t(std::max(multiprocessors, 1)) * 8);
+    if (scratch_bytes > 0) blocks = std::min(blocks, kScratchBudget / scratch_bytes);
+    return std::max<std::int64_t>(blocks, 1);
+}
+
+cuda::Buffer device_buffer(std::size_t bytes) {
+    return cuda::Buffer(std::max<std::size_t>(bytes, 8));
+}
+
+cuda::Buffer device_zeros(std::size_t bytes) {
+    cuda::Buffer b = device_buffer(bytes);
+    cuda::zero(b);
+    return b;
+}
+
+cuda::Buffer to_device(const void* host, std::size_t bytes) {
+    cuda::Buffer b = device_buffer(bytes);
+    cuda::upload(b, host, bytes);
+    return b;
+}
+
+cuda::Buffer to_device(const RaggedTensor& t) {
+    return to_device(t.data(), std::size_t(t.numel()) * dtype_size(t.dtype()));
+}
+
+RaggedTensor from_device(const cuda::Buffer& b, DType t, const StructurePtr& st) {
+    RaggedTensor out = RaggedTensor::zeros(t, st);
+    cuda::download(out.mutable_data(), b, std::size_t(out.numel()) * dtype_size(t));
+    return out;
+}
+
+const GpuKernel& gpu_kernel(const std::string& key, const std::function<kir::Kernel()>& make) {
+    static std::mutex mu;
+    static std::map<std::string, std::unique_ptr<GpuKernel>> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& k = cache[key];
+    if (!k) k = std::make_unique<LoadedKernel>(make());
+    return *k;
+}
+
+} // namespace rag::jit

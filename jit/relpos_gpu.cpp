@@ -1,0 +1,211 @@
+// Host side of relative-position attention on the GPU: the buffers of jit/relpos.cpp, on the
+// device, and the same four launches. Table gradients: per-sample partials reduced on the
+// device in a fixed order (relpos_table_reduce), downloaded, then folded into the map's rows
+// on the host (relpos_fold_table_grad), as on the CPU.
+#include "jit/relpos_gpu.hpp"
+
+#include "jit/kir_gpu.hpp"
+#include "runtime/error.hpp"
+
+#include <algorithm>
+
+namespace rag::jit {
+namespace {
+
+constexpr const char* op_name = "relpos_attention";
+
+enum class Pass { forward, query_grad, key_grad, reduce };
+
+// The program of `pass` for shape s, compiled for the device once per process.
+const GpuKernel& kernel(Pass pass, const RelposShape& s) {
+    std::string key = "relpos/" + std::to_string(int(pass));
+    if (pass != Pass::reduce)
+        key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
+               std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
+               std::to_string(s.bias) + std::to_string(s.causal) + "/" + std::to_string(s.scale);
+    return gpu_kernel(key, [&] {
+        switch (pass) {
+        case Pass::forward:
+            return relpos_forward_program(s);
+        case Pass::query_grad:
+            return relpos_query_grad_program(s);
+        case Pass::key_grad:
+            return relpos_key_grad_program(s);
+        case Pass::reduce:
+            break;
+        }
+        return relpos_table_reduce_program();
+    });
+}
+
+// A launch whose buffers are named as the program declares them, in order: a mismatch is an
+// internal error here rather than a kernel reading the wrong memory.
+using Named = std::pair<const char*, const cuda::Buffer*>;
+void launch(const GpuKernel& k, std::int64_t grid, std::initializer_list<Named> bufs,
+            std::span<const std::int64_t> params) {
+    std::vector<std::uint64_t> ptrs;
+    const auto& decl = k.kernel().buffers;
+    for (const auto& [name, buf] : bufs) {
+        const std::size_t at = ptrs.size();
+        if (at >= decl.size() || decl[at].space != kir::Space::global || decl[at].name != name)
+            fail("internal: ", k.kernel().name, " buffer ", at, " is ",
+                 at < decl.size() ? decl[at].name : "(none)", ", launched with ", name);
+        ptrs.push_back(buf->ptr());
+    }
+    k.launch(grid, ptrs, params);
+}
+
+} // namespace
+
+RelposOnDevice::RelposOnDevice(std::span<const RaggedTensor> in, const Attrs& at)
+    : in_(in.begin(), in.end()), at_(at), s_(relpos_setup(in, at, op_name, false)) {
+    q_ = to_device(in_[0]);
+    k_ = to_device(in_[1]);
+    v_ = to_device(in_[2]);
+    eq_ = to_device(s_.eq);
+    ek_ = to_device(s_.ek);
+    eb_ = to_device(s_.eb);
+    tiles_ = to_device(s_.tiles);
+    samples_ = to_device(s_.samples);
+}
+
+void RelposOnDevice::set_dO(const RaggedTensor& dO) {
+    std::vector<RaggedTensor> with_dO = in_;
+    with_dO.push_back(dO);
+    relpos_check(with_dO, at_, op_name, true);
+    if (dO.dtype() != in_[0].dtype())
+        fail(op_name, ": dO must be ", dtype_name(in_[0].dtype()), " like q, got ",
+             dtype_name(dO.dtype()));
+    dO_ = to_device(dO);
+    has_dO_ = true;
+    backward_done_ = false;
+}
+
+void RelposOnDevice::forward() {
+    const RelposSetup& s = s_;
+    const std::size_t elem = dtype_size(s.shape.dtype);
+    out_ = device_zeros(std::size_t(s.tokens * s.H * s.shape.Dv) * elem);
+    lse_ = device_zeros(std::size_t(s.tokens * s.H) * 4);
+    forward_done_ = true;
+    if (s.tiles.empty()) return;
+    launch(kernel(Pass::forward, s.shape), s.strips() * s.H,
+           {{"q", &q_},
+            {"k", &k_},
+            {"v", &v_},
+            {"eq", &eq_},
+            {"ek", &ek_},
+            {"eb", &eb_},
+            {"tiles", &tiles_},
+            {"out", &out_},
+            {"lse", &lse_}},
+           s.params());
+}
+
+void RelposOnDevice::backward() {
+    if (!has_dO_) fail("internal: ", op_name, " backward on the GPU without dO");
+    if (!forward_done_) forward();
+    const RelposSetup& s = s_;
+    const RelposShape& sh = s.shape;
+    const std::size_t elem = dtype_size(sh.dtype);
+    dq_ = device_zeros(std::size_t(s.tokens * s.H * sh.D) * elem);
+    dk_ = device_zeros(std::size_t(s.tokens * s.H * sh.D) * elem);
+    dv_ = device_zeros(std::size_t(s.tokens * s.H * sh.Dv) * elem);
+    const std::int64_t width[3] = {sh.D, sh.D, 1};
+    for (int t : {AQ, AK, BIAS})
+        tables_[t] =
+            s.cfg.has[t] ? device_zeros(std::size_t(s.H * s.U * width[t]) * 4) : cuda::Buffer();
+    backward_done_ = true;
+    if (s.tiles.empty()) return;
+    // One instance per sample and head; table partials per sample, [sample][H][WP][width].
+    const std::size_t parts = std::size_t(s.nonempty() * s.H * s.WP);
+    cuda::Buffer delta = device_buffer(std::size_t(s.tokens * s.H) * 4);
+    cuda::Buffer zq = device_buffer(sh.aq ? parts * std::size_t(sh.D) * 4 : 4);
+    cuda::Buffer zk = device_buffer(sh.ak ? parts * std::size_t(sh.D) * 4 : 4);
+    cuda::Buffer zb = device_buffer(sh.bias ? parts * 4 : 4);
+    cuda::Buffer qrange = device_buffer(std::size_t(2 * s.nonempty()) * 8);
+    cuda::Buffer krange = device_buffer(std::size_t(2 * s.nonempty()) * 8);
+    const std::vector<std::int64_t> params = s.params();
+    // The sample list stands where the forward's strip list does (strips with start 0).
+    launch(kernel(Pass::query_grad, sh), s.nonempty() * s.H,
+           {{"q", &q_},
+            {"k", &k_},
+            {"v", &v_},
+            {"eq", &eq_},
+            {"ek", &ek_},
+            {"eb", &eb_},
+            {"tiles", &samples_},
+            {"dO", &dO_},
+            {"out", &out_},
+            {"lse", &lse_},
+            {"dq", &dq_},
+            {"delta", &delta},
+            {"zq_part", &zq},
+            {"zb_part", &zb},
+            {"range", &qrange}},
+           params);
+    launch(kernel(Pass::key_grad, sh), s.nonempty() * s.H,
+           {{"q", &q_},
+            {"k", &k_},
+            {"v", &v_},
+            {"eq", &eq_},
+            {"ek", &ek_},
+            {"eb", &eb_},
+            {"tiles", &samples_},
+            {"dO", &dO_},
+            {"lse", &lse_},
+            {"delta", &delta},
+            {"dk", &dk_},
+            {"dv", &dv_},
+            {"zk_part", &zk},
+            {"range", &krange}},
+           params);
+    const cuda::Buffer* partial[3] = {&zq, &zk, &zb};
+    const cuda::Buffer* ranges[3] = {&qrange, &krange, &qrange};
+    for (int t : {AQ, AK, BIAS}) {
+        if (!s.cfg.has[t]) continue;
+        const std::int64_t rparams[] = {s.H, s.U, s.nonempty(), s.WP, width[t]};
+        launch(kernel(Pass::reduce, sh), s.H * s.U,
+               {{"part", partial[t]}, {"range", ranges[t]}, {"out", &tables_[t]}}, rparams);
+    }
+    // delta, the partials and the ranges go back to the cache here; only work queued after
+    // these launches on rag's stream can reuse them.
+}
+
+RaggedTensor RelposOnDevice::out() const {
+    if (!forward_done_) fail("internal: ", op_name, " output read before the forward ran");
+    return from_device(out_, in_[0].dtype(), in_[2].structure_ptr());
+}
+
+std::vector<RaggedTensor> RelposOnDevice::gradients() const {
+    if (!backward_done_) fail("internal: ", op_name, " gradients read before the backward ran");
+    const DType t = in_[0].dtype();
+    std::vector<RaggedTensor> g = {from_device(dq_, t, in_[0].structure_ptr()),
+                                   from_device(dk_, t, in_[1].structure_ptr()),
+                                   from_device(dv_, t, in_[2].structure_ptr())};
+    for (int k : {AQ, AK, BIAS}) {
+        if (!s_.cfg.has[k]) continue;
+        const std::int64_t width = k == BIAS ? 1 : s_.shape.D;
+        std::vector<float> expanded(std::size_t(s_.H * s_.U * width));
+        cuda::download(expanded.data(), tables_[k], expanded.size() * 4);
+        const RaggedTensor& table = in_[std::size_t(s_.cfg.table_at[k])];
+        g.push_back(RaggedTensor::from_f64(table.dtype(), table.structure_ptr(),
+                                           relpos_fold_table_grad(expanded.data(), s_, width)));
+    }
+    return g;
+}
+
+RaggedTensor relpos_forward_gpu(std::span<const RaggedTensor> in, const Attrs& at) {
+    RelposOnDevice d(in, at);
+    d.forward();
+    return d.out();
+}
+
+std::vector<RaggedTensor> relpos_backward_gpu(std::span<const RaggedTensor> in,
+                                              const RaggedTensor& dO, const Attrs& at) {
+    RelposOnDevice d(in, at);
+    d.set_dO(dO);
+    d.backward();
+    return d.gradients();
+}
+
+} // namespace rag::jit

@@ -1,0 +1,72 @@
+#include "jit/relpos_setup.hpp"
+
+#include <algorithm>
+
+namespace rag::jit {
+namespace {
+
+// A table's head-major expansion [H][U][width] from its [R, H, width] storage.
+std::vector<float> expand(const RaggedTensor& t, const RelposSetup& s, std::int64_t width) {
+    std::vector<float> out(std::size_t(s.H * s.U * width));
+    const std::vector<double> vals = t.to_f64();
+    for (std::int64_t h = 0; h < s.H; ++h)
+        for (std::int64_t u = 0; u < s.U; ++u)
+            for (std::int64_t x = 0; x < width; ++x)
+                out[std::size_t((h * s.U + u) * width + x)] =
+                    float(vals[std::size_t((s.rows_of[std::size_t(u)] * s.H + h) * width + x)]);
+    return out;
+}
+
+} // namespace
+
+RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, const char* op,
+                         bool with_dO) {
+    RelposSetup s(relpos_check(in, at, op, with_dO));
+    const RelposConfig& c = s.cfg;
+    const RaggedTensor& q = in[0];
+    s.H = q.shape().axes[1].extent;
+    s.shape = {q.dtype(),
+               q.shape().axes[2].extent,
+               in[2].shape().axes[2].extent,
+               c.has[AQ],
+               c.has[AK],
+               c.has[BIAS],
+               c.causal,
+               c.scale};
+    s.Delta = c.map.saturation();
+    s.U = 2 * s.Delta + 1;
+    s.rows_of = c.map.expand(s.Delta);
+    std::int64_t longest = 0;
+    for (std::int64_t b = 0; b < q.batch(); ++b)
+        longest = std::max(longest, q.structure().size(b, 0));
+    // Strips of G tokens reach at most W expanded rows; a whole sample reaches WP.
+    s.G = 64;
+    s.W = std::min(longest + s.G - 1, s.U);
+    s.WP = std::max<std::int64_t>(std::min(2 * longest - 1, s.U), 1);
+    for (std::int64_t b = 0; b < q.batch(); ++b) {
+        const std::int64_t n = q.structure().size(b, 0),
+                           o = q.structure().offsets()[std::size_t(b)];
+        for (std::int64_t start = 0; start < n; start += s.G)
+            s.tiles.insert(s.tiles.end(), {o, n, start});
+        if (n > 0) s.samples.insert(s.samples.end(), {o, n, 0});
+    }
+    s.tokens = q.structure().rows();
+    if (c.has[AQ]) s.eq = expand(in[std::size_t(c.table_at[AQ])], s, s.shape.D);
+    if (c.has[AK]) s.ek = expand(in[std::size_t(c.table_at[AK])], s, s.shape.D);
+    if (c.has[BIAS]) s.eb = expand(in[std::size_t(c.table_at[BIAS])], s, 1);
+    return s;
+}
+
+std::vector<double> relpos_fold_table_grad(const float* expanded, const RelposSetup& s,
+                                           std::int64_t width) {
+    const std::int64_t R = s.cfg.map.rows();
+    std::vector<double> out(std::size_t(R * s.H * width), 0.0);
+    for (std::int64_t u = 0; u < s.U; ++u)
+        for (std::int64_t h = 0; h < s.H; ++h)
+            for (std::int64_t x = 0; x < width; ++x)
+                out[std::size_t((s.rows_of[std::size_t(u)] * s.H + h) * width + x)] +=
+                    double(expanded[(h * s.U + u) * width + x]);
+    return out;
+}
+
+} // namespace rag::jit
