@@ -4,6 +4,7 @@
 #include "bindings/convert.hpp"
 #include "dsl/module.hpp"
 #include "frontend/lower.hpp"
+#include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 
 #include <pybind11/stl.h>
@@ -320,16 +321,35 @@ struct PyFunction {
 Tier tier_arg(const std::string& name) {
     if (name == "jit") return Tier::jit;
     if (name == "interpreter") return Tier::interpreter;
-    fail("unknown tier '", name, "'; use 'jit' or 'interpreter'");
+    fail("unknown tier '", name, "'; use 'jit' or 'interpreter' (device='cuda' for the GPU)");
 }
 
 std::string tier_name(Tier t) {
-    return t == Tier::jit ? "jit" : "interpreter";
+    switch (t) {
+    case Tier::jit:
+        return "jit";
+    case Tier::gpu:
+        return "gpu";
+    case Tier::interpreter:
+        break;
+    }
+    return "interpreter";
+}
+
+// The tier of (tier, device): device "cuda" runs compiled code on the GPU (jit/gpu_function.hpp)
+// and is a "CUDA unavailable: ..." error without a driver or device, before any work.
+Tier tier_for(const std::string& tier, const std::string& device) {
+    if (device == "cpu") return tier_arg(tier);
+    if (device != "cuda") fail("unknown device '", device, "'; use 'cpu' or 'cuda'");
+    if (tier != "jit")
+        fail("device='cuda' runs compiled code; tier='", tier, "' is for device='cpu'");
+    cuda::device();
+    return Tier::gpu;
 }
 
 PyModulePtr wrap(std::shared_ptr<Module> mod, std::string path, const std::string& tier,
-                 bool padded) {
-    mod->set_tier(tier_arg(tier));
+                 bool padded, const std::string& device) {
+    mod->set_tier(tier_for(tier, device));
     mod->set_padded(padded);
     auto m = std::make_shared<PyModule>();
     m->mod = std::move(mod);
@@ -754,8 +774,17 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                 std::lock_guard<std::mutex> lock(pm.mu);
                 pm.mod->set_tier(t);
             },
-            "Where calls run: 'jit' (LLVM-compiled CPU code, the default) or 'interpreter' (the "
-            "reference).")
+            "Where calls run: 'jit' (LLVM-compiled CPU code, the default), 'interpreter' (the "
+            "reference), or 'gpu' (loaded with device='cuda'; setting 'jit' or 'interpreter' "
+            "moves calls back to the CPU).")
+        .def_property_readonly(
+            "device",
+            [](PyModule& pm) {
+                py::gil_scoped_release nogil;
+                std::lock_guard<std::mutex> lock(pm.mu);
+                return std::string(pm.mod->tier() == Tier::gpu ? "cuda" : "cpu");
+            },
+            "'cuda' when calls run on the GPU (loaded with device='cuda'), else 'cpu'.")
         .def_property(
             "padded",
             [](PyModule& pm) {
@@ -844,7 +873,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
     // ---- functions --------------------------------------------------------------------------
     m.def(
         "load",
-        [](py::object path, const std::string& tier, bool padded) {
+        [](py::object path, const std::string& tier, bool padded, const std::string& device) {
             std::string p =
                 py::str(py::module_::import("os").attr("fspath")(path)).cast<std::string>();
             std::shared_ptr<Module> mod;
@@ -852,23 +881,25 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                 py::gil_scoped_release nogil;
                 mod = Module::load(p);
             }
-            return wrap(std::move(mod), p, tier, padded);
+            return wrap(std::move(mod), p, tier, padded, device);
         },
-        "path"_a, "tier"_a = "jit", "padded"_a = false,
-        "Load and type-check a .rag file. padded=True: run on the dense envelope with masks.");
+        "path"_a, "tier"_a = "jit", "padded"_a = false, "device"_a = "cpu",
+        "Load and type-check a .rag file. padded=True: run on the dense envelope with masks. "
+        "device='cuda': run on the GPU (rag.Error 'CUDA unavailable: ...' without one).");
     m.def(
         "compile",
-        [](const std::string& source, const std::string& path, const std::string& tier,
-           bool padded) {
+        [](const std::string& source, const std::string& path, const std::string& tier, bool padded,
+           const std::string& device) {
             std::shared_ptr<Module> mod;
             {
                 py::gil_scoped_release nogil;
                 mod = Module::compile(source, path);
             }
-            return wrap(std::move(mod), path, tier, padded);
+            return wrap(std::move(mod), path, tier, padded, device);
         },
-        "source"_a, "path"_a = "<input>", "tier"_a = "jit", "padded"_a = false,
-        "Compile a program from source text. padded=True: run on the dense envelope with masks.");
+        "source"_a, "path"_a = "<input>", "tier"_a = "jit", "padded"_a = false, "device"_a = "cpu",
+        "Compile a program from source text. padded=True: run on the dense envelope with masks. "
+        "device='cuda': run on the GPU (rag.Error 'CUDA unavailable: ...' without one).");
     m.def(
         "ragged",
         [](py::object samples, py::object ragged_axes, py::object dtype) {
