@@ -3,10 +3,12 @@
 #   ./dev bench            (builds, then runs this with the bench venv's Python)
 #   bench/run.sh [STEPS]   (RAG_BENCH=path/to/rag_bench BENCH_PYTHON=venv/bin/python)
 # For each program (single-pair-single square, rectangular, non-leading; the encoder layer) and
-# each length profile (near-uniform, highly variable), one training step (forward, backward,
-# SGD) of: rag ragged and rag padded on the JIT, rag ragged on the interpreter, PyTorch padded
-# with masks, torch.nested (jagged), DanLing NestedTensor; every system in its own process, on
-# the same dumped inputs, with THREADS threads. Writes bench/results/peers.{jsonl,md,png}.
+# each length profile (near-uniform, highly variable), the loss alone and one training step
+# (forward, backward, SGD) of: rag ragged and rag padded on the JIT, rag ragged on the
+# interpreter (training step only), PyTorch padded with masks, torch.nested (jagged), DanLing
+# NestedTensor; every system in its own process, on
+# the same dumped inputs, with THREADS threads, each process at most CELL_TIMEOUT seconds
+# (default 600). Writes bench/results/peers.{jsonl,md,png}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-5}
@@ -34,7 +36,7 @@ cell() { # WANT LABEL COMMAND...: the command's JSON lines into $JSONL. WANT: th
   # measures ("true false": the loss, then the training step); each it did not print becomes an
   # error line with the command's last message.
   local want=$1 label=$2; shift 2
-  "$@" >"$TMP/out" 2>"$TMP/err" || true
+  timeout "${CELL_TIMEOUT:-600}" "$@" >"$TMP/out" 2>"$TMP/err" || true
   grep '^{' "$TMP/out" | tee -a "$JSONL" || true
   local msg; msg=$(tail -n 1 "$TMP/err" | tr '"\\' "''" | cut -c1-200)
   for fwd in $want; do
