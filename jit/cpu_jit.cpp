@@ -1,11 +1,13 @@
 #include "jit/cpu_jit.hpp"
 
-#include "jit/elementwise_llvm.hpp"
 #include "jit/attention_cpu.hpp"
+#include "jit/elementwise_llvm.hpp"
 #include "jit/index_map.hpp"
 #include "jit/layout.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
+#include "jit/relpos.hpp"
+#include "jit/relpos_step.hpp"
 #include "jit/rowwise.hpp"
 #include "jit/segmented.hpp"
 #include "jit/step_profile.hpp"
@@ -160,10 +162,11 @@ class CompiledCpu final : public CpuFunction {
             }
         }
         if (profile_.on()) profile_.count_call();
+        RelposNodes<RelposOnCpu> relpos;
         for (std::size_t k = 0; k < plan_.steps.size(); ++k) {
             const Step& s = plan_.steps[k];
             const double t0 = profile_.on() ? StepProfile::now() : 0.0;
-            run_step(s, vals);
+            run_step(s, vals, relpos);
             if (profile_.on()) profile_.add(k, StepProfile::now() - t0);
         }
         std::vector<RaggedTensor> out;
@@ -172,7 +175,8 @@ class CompiledCpu final : public CpuFunction {
     }
 
   private:
-    void run_step(const Step& s, std::vector<RaggedTensor>& vals) const {
+    void run_step(const Step& s, std::vector<RaggedTensor>& vals,
+                  RelposNodes<RelposOnCpu>& relpos) const {
         if (s.kind == Step::Kind::fused)
             run_group(std::size_t(s.index), vals);
         else if (s.kind == Step::Kind::segmented)
@@ -185,7 +189,7 @@ class CompiledCpu final : public CpuFunction {
             run_attention(f_, s.index, s.also, vals);
         else if (s.kind == Step::Kind::gemm)
             run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
-        else
+        else if (!relpos.run(f_, std::size_t(s.index), vals)) // fused tile kernels
             reference(std::size_t(s.index), vals);
     }
 

@@ -3,6 +3,7 @@
 #include "jit/kir_gpu.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos_gpu.hpp"
+#include "jit/relpos_step.hpp"
 #include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 
@@ -33,43 +34,23 @@ bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTen
     return true;
 }
 
-// relpos_attention and its gradient nodes on the device. Autodiff emits one
-// relpos_attention_grad node per input (attr wrt): the first of them to run computes every
-// gradient in one backward pass, on the device state of the forward when it ran in the same
-// call (its O and log-sum-exp stay there), and its siblings take their share.
-class RelposSteps {
+// One relpos application on the device (jit/relpos_step.hpp): the forward's O and
+// log-sum-exp stay there for the backward.
+class RelposOnGpu {
   public:
-    // Runs node i if it is a relpos node (writing vals[i]) and says whether it was.
-    bool run(const ir::Function& f, std::size_t i, std::vector<RaggedTensor>& vals) {
-        const ir::Node& n = f.nodes[i];
-        const bool grad = n.op == "relpos_attention_grad";
-        if (!grad && n.op != "relpos_attention") return false;
-        std::vector<int> args(n.args.begin(), n.args.end() - grad);
-        std::vector<RaggedTensor> in;
-        for (int a : args) in.push_back(vals[std::size_t(a)]);
-        const Key key{args, Attrs(n.attrs).set("wrt", std::int64_t(-1)).str()};
-        auto& dev = devices_[key];
-        if (!grad) {
-            dev = std::make_unique<RelposOnDevice>(in, n.attrs);
-            dev->forward();
-            vals[i] = dev->out();
-            return true;
-        }
-        auto& grads = gradients_[{key, n.args.back()}];
-        if (grads.empty()) {
-            if (!dev) dev = std::make_unique<RelposOnDevice>(in, n.attrs);
-            dev->set_dO(vals[std::size_t(n.args.back())]);
-            dev->backward();
-            grads = dev->gradients();
-        }
-        vals[i] = grads.at(std::size_t(n.attrs.get_int("wrt")));
-        return true;
+    RelposOnGpu(std::span<const RaggedTensor> in, const Attrs& at) : dev_(in, at) {}
+    RaggedTensor forward() {
+        dev_.forward();
+        return dev_.out();
+    }
+    std::vector<RaggedTensor> backward(const RaggedTensor& dO) {
+        dev_.set_dO(dO);
+        dev_.backward();
+        return dev_.gradients();
     }
 
   private:
-    using Key = std::pair<std::vector<int>, std::string>; // q, k, v, tables; attrs but wrt
-    std::map<Key, std::unique_ptr<RelposOnDevice>> devices_;
-    std::map<std::pair<Key, int>, std::vector<RaggedTensor>> gradients_; // by (key, dO)
+    RelposOnDevice dev_;
 };
 
 class CompiledGpu final : public GpuFunction {
@@ -98,7 +79,7 @@ class CompiledGpu final : public GpuFunction {
                     DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
             }
         }
-        RelposSteps relpos;
+        RelposNodes<RelposOnGpu> relpos;
         for (const Step& s : plan_.steps) {
             if (s.kind == Step::Kind::fused) {
                 run_group(std::size_t(s.index), vals);

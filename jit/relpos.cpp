@@ -7,6 +7,7 @@
 #include "ir/ops/relpos_config.hpp"
 #include "jit/kir_cpu.hpp"
 #include "jit/relpos_programs.hpp"
+#include "jit/relpos_setup.hpp"
 #include "runtime/error.hpp"
 
 #include <map>
@@ -55,68 +56,12 @@ struct Floats {
     float* data() { return reinterpret_cast<float*>(buf.data.get()); }
 };
 
-// Everything the programs need that the inputs fix.
-struct Setup {
-    RelposConfig cfg;
-    RelposShape shape;
-    std::int64_t H, Delta, U, G, W, WP, tokens;
-    std::vector<std::int64_t> rows_of; // expanded row u -> map row
-    std::vector<std::int64_t> tiles;   // (offset, length, start) per strip of G tokens
-    std::vector<std::int64_t> samples; // (offset, length, 0) per sample with tokens
-    Floats eq{1}, ek{1}, eb{1};
-    std::int64_t strips() const { return std::int64_t(tiles.size() / 3); }
-    std::int64_t nonempty() const { return std::int64_t(samples.size() / 3); }
-    std::vector<std::int64_t> params() const { return {H, Delta, U, G, W, WP}; }
-};
+using Setup = RelposSetup;
 
-// A table's head-major expansion [H][U][width] from its [R, H, width] storage.
-Floats expand(const RaggedTensor& t, const Setup& s, std::int64_t width) {
-    Floats out(std::size_t(s.H * s.U * width));
-    const std::vector<double> vals = t.to_f64();
-    for (std::int64_t h = 0; h < s.H; ++h)
-        for (std::int64_t u = 0; u < s.U; ++u)
-            for (std::int64_t x = 0; x < width; ++x)
-                out.data()[(h * s.U + u) * width + x] =
-                    float(vals[std::size_t((s.rows_of[std::size_t(u)] * s.H + h) * width + x)]);
-    return out;
-}
-
-std::unique_ptr<Setup> setup(std::span<const RaggedTensor> in, const Attrs& at, bool with_dO) {
-    auto s = std::make_unique<Setup>(
-        Setup{relpos_check(in, at, op_name, with_dO), {}, 0, 0, 0, 0, 0, 0, 0, {}, {}, {}});
-    const RelposConfig& c = s->cfg;
-    const RaggedTensor& q = in[0];
-    s->H = q.shape().axes[1].extent;
-    s->shape = {q.dtype(),
-                q.shape().axes[2].extent,
-                in[2].shape().axes[2].extent,
-                c.has[AQ],
-                c.has[AK],
-                c.has[BIAS],
-                c.causal,
-                c.scale};
-    s->Delta = c.map.saturation();
-    s->U = 2 * s->Delta + 1;
-    s->rows_of = c.map.expand(s->Delta);
-    std::int64_t longest = 0;
-    for (std::int64_t b = 0; b < q.batch(); ++b)
-        longest = std::max(longest, q.structure().size(b, 0));
-    // Strips of G tokens reach at most W expanded rows; a whole sample reaches WP.
-    s->G = 64;
-    s->W = std::min(longest + s->G - 1, s->U);
-    s->WP = std::max<std::int64_t>(std::min(2 * longest - 1, s->U), 1);
-    for (std::int64_t b = 0; b < q.batch(); ++b) {
-        const std::int64_t n = q.structure().size(b, 0),
-                           o = q.structure().offsets()[std::size_t(b)];
-        for (std::int64_t start = 0; start < n; start += s->G)
-            s->tiles.insert(s->tiles.end(), {o, n, start});
-        if (n > 0) s->samples.insert(s->samples.end(), {o, n, 0});
-    }
-    s->tokens = q.structure().rows();
-    if (c.has[AQ]) s->eq = expand(in[std::size_t(c.table_at[AQ])], *s, s->shape.D);
-    if (c.has[AK]) s->ek = expand(in[std::size_t(c.table_at[AK])], *s, s->shape.D);
-    if (c.has[BIAS]) s->eb = expand(in[std::size_t(c.table_at[BIAS])], *s, 1);
-    return s;
+// An expanded table, or a dummy the programs never read when the table is absent.
+void* table(std::vector<float>& t) {
+    static float none = 0;
+    return t.empty() ? &none : t.data();
 }
 
 void* ptr(const RaggedTensor& t) {
@@ -128,8 +73,8 @@ RelposForward run_forward(std::span<const RaggedTensor> in, Setup& s) {
     f.out = RaggedTensor::zeros(in[0].dtype(), in[2].structure_ptr());
     f.lse = Buffer::allocate(std::size_t(std::max<std::int64_t>(s.tokens * s.H, 1)) * 4);
     if (s.tiles.empty()) return f;
-    void* bufs[] = {ptr(in[0]),  ptr(in[1]),     ptr(in[2]),           s.eq.data(),     s.ek.data(),
-                    s.eb.data(), s.tiles.data(), f.out.mutable_data(), f.lse.data.get()};
+    void* bufs[] = {ptr(in[0]),  ptr(in[1]),     ptr(in[2]),           table(s.eq),     table(s.ek),
+                    table(s.eb), s.tiles.data(), f.out.mutable_data(), f.lse.data.get()};
     kernel(Pass::forward, s.shape).launch(s.strips() * s.H, bufs, s.params());
     return f;
 }
@@ -142,28 +87,22 @@ std::vector<double> table_grad(Floats& part, std::vector<std::int64_t>& range, c
     void* bufs[] = {part.data(), range.data(), expanded.data()};
     const std::int64_t params[] = {s.H, s.U, s.nonempty(), s.WP, width};
     kernel(Pass::reduce, s.shape).launch(s.H * s.U, bufs, params);
-    const std::int64_t R = s.cfg.map.rows();
-    std::vector<double> out(std::size_t(R * s.H * width), 0.0);
-    for (std::int64_t u = 0; u < s.U; ++u)
-        for (std::int64_t h = 0; h < s.H; ++h)
-            for (std::int64_t x = 0; x < width; ++x)
-                out[std::size_t((s.rows_of[std::size_t(u)] * s.H + h) * width + x)] +=
-                    double(expanded.data()[(h * s.U + u) * width + x]);
-    return out;
+    return relpos_fold_table_grad(expanded.data(), s, width);
 }
 
 } // namespace
 
 RelposForward relpos_forward(std::span<const RaggedTensor> in, const Attrs& at) {
-    auto s = setup(in, at, false);
-    return run_forward(in, *s);
+    Setup s = relpos_setup(in, at, op_name, false);
+    return run_forward(in, s);
 }
 
 std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, const RaggedTensor& dO,
                                           const Attrs& at, const RelposForward* fwd) {
     std::vector<RaggedTensor> with_dO(in.begin(), in.end());
     with_dO.push_back(dO);
-    auto s = setup(with_dO, at, true);
+    Setup setup = relpos_setup(with_dO, at, op_name, true);
+    Setup* s = &setup;
     if (dO.dtype() != in[0].dtype())
         fail(op_name, ": dO must be ", dtype_name(in[0].dtype()), " like q, got ",
              dtype_name(dO.dtype()));
@@ -184,14 +123,14 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         Floats zq(sh.aq ? parts * std::size_t(sh.D) : 1), zb(sh.bias ? parts : 1);
         Floats zk(sh.ak ? parts * std::size_t(sh.D) : 1);
         std::vector<std::int64_t> qrange(std::size_t(2 * s->nonempty())), krange(qrange.size());
-        void* qbufs[] = {ptr(in[0]),    ptr(in[1]),          ptr(in[2]),          s->eq.data(),
-                         s->ek.data(),  s->eb.data(),        s->samples.data(),   ptr(dO),
+        void* qbufs[] = {ptr(in[0]),    ptr(in[1]),          ptr(in[2]),          table(s->eq),
+                         table(s->ek),  table(s->eb),        s->samples.data(),   ptr(dO),
                          ptr(fwd->out), fwd->lse.data.get(), g[0].mutable_data(), delta.data(),
                          zq.data(),     zb.data(),           qrange.data()};
         kernel(Pass::query_grad, sh).launch(s->nonempty() * s->H, qbufs, s->params());
         void* kbufs[] = {
-            ptr(in[0]),          ptr(in[1]),          ptr(in[2]), s->eq.data(),        s->ek.data(),
-            s->eb.data(),        s->samples.data(),   ptr(dO),    fwd->lse.data.get(), delta.data(),
+            ptr(in[0]),          ptr(in[1]),          ptr(in[2]), table(s->eq),        table(s->ek),
+            table(s->eb),        s->samples.data(),   ptr(dO),    fwd->lse.data.get(), delta.data(),
             g[1].mutable_data(), g[2].mutable_data(), zk.data(),  krange.data()};
         kernel(Pass::key_grad, sh).launch(s->nonempty() * s->H, kbufs, s->params());
         Floats* partial[] = {&zq, &zk, &zb};
@@ -211,6 +150,15 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
             }
     }
     return g;
+}
+
+RaggedTensor RelposOnCpu::forward() {
+    fwd_ = relpos_forward(in_, at_);
+    return fwd_->out;
+}
+
+std::vector<RaggedTensor> RelposOnCpu::backward(const RaggedTensor& dO) {
+    return relpos_backward(in_, dO, at_, fwd_ ? &*fwd_ : nullptr);
 }
 
 } // namespace rag::jit

@@ -12,6 +12,7 @@
 #include "ir/attrs.hpp"
 #include "runtime/tensor.hpp"
 
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -27,6 +28,21 @@ RelposForward relpos_forward(std::span<const RaggedTensor> in, const Attrs& at);
 // The gradient of every input (q, k, v, then the present tables, in input order) given the
 // output cotangent dO (v's layout). `fwd` is the forward's result on the same inputs; when
 // null the forward runs again to recover it.
+// One application on the CPU, for jit/relpos_step.hpp: the forward keeps its log-sum-exp for
+// the backward.
+class RelposOnCpu {
+  public:
+    RelposOnCpu(std::span<const RaggedTensor> in, const Attrs& at)
+        : in_(in.begin(), in.end()), at_(at) {}
+    RaggedTensor forward();
+    std::vector<RaggedTensor> backward(const RaggedTensor& dO);
+
+  private:
+    std::vector<RaggedTensor> in_;
+    Attrs at_;
+    std::optional<RelposForward> fwd_;
+};
+
 std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, const RaggedTensor& dO,
                                           const Attrs& at, const RelposForward* fwd = nullptr);
 
