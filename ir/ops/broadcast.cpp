@@ -176,14 +176,22 @@ RaggedTensor sum_to(const RaggedTensor& g, const RaggedTensor& like) {
         return g.dtype() == like.dtype() ? g : g.astype(like.dtype());
     const Shape& gs = g.shape();
     auto map = align(like.shape(), gs);
+    if (like.shape().batched && like.batch() != g.batch())
+        fail("sum_to: the gradient has ", g.batch(), " samples but the operand has ", like.batch());
     std::vector<double> gv = g.to_f64(), out(std::size_t(like.numel()), 0.0);
     for (std::int64_t i = 0; i < g.batch(); ++i) {
         SampleView v = sample_view(g.structure(), i);
         SampleView t = sample_view(like.structure(), like.shape().batched ? i : 0);
         // Strides of `like` per axis of g: 0 where like was broadcast or has no such axis.
         std::vector<std::int64_t> st(v.shape.size(), 0);
-        for (int q = 0; q < like.structure().rank(); ++q)
-            if (map[q] >= 0 && !is_one(like.shape().axes[q])) st[map[q]] = t.strides[q];
+        for (int q = 0; q < like.structure().rank(); ++q) {
+            if (map[q] < 0 || is_one(like.shape().axes[q])) continue;
+            if (t.shape[std::size_t(q)] != v.shape[std::size_t(map[q])])
+                fail("sum_to: sample ", i, ": axis ", q, " of the operand has extent ",
+                     t.shape[std::size_t(q)], " but the gradient has ",
+                     v.shape[std::size_t(map[q])]);
+            st[map[q]] = t.strides[q];
+        }
         for_each_index(v.shape, [&](const std::vector<std::int64_t>& idx) {
             std::int64_t at = t.base;
             for (std::size_t a = 0; a < idx.size(); ++a) at += idx[a] * st[a];

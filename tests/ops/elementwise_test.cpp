@@ -224,6 +224,12 @@ TEST(Helpers, ScaleCastSumTo) {
         for (std::int64_t k = 0; k < sm.numel(); k += 2) want0 += sm.v[k];
     EXPECT_NEAR(s.to_f64()[0], want0, 1e-12);
     check_vjp("sum_to", {x, b});
+    // An operand whose lengths differ from the gradient's is an error naming the sample.
+    auto other = random_batch(DType::f64, "~N, 2", shapes_for("~N, 2", {{3}, {4}}));
+    EXPECT_NE(error_of([&] {
+                  evaluate("sum_to", {x, other});
+              }).find("sample 1"),
+              std::string::npos);
 }
 
 } // namespace
