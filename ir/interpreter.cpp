@@ -4,7 +4,7 @@
 
 namespace rag::ir {
 
-std::vector<RaggedTensor> interpret(const Function& f, const std::vector<RaggedTensor>& inputs) {
+std::vector<RaggedTensor> bind_inputs(const Function& f, const std::vector<RaggedTensor>& inputs) {
     if (inputs.size() != f.inputs.size())
         fail(f.name, " takes ", f.inputs.size(), " tensors, got ", inputs.size());
     std::vector<RaggedTensor> vals(f.nodes.size());
@@ -19,7 +19,16 @@ std::vector<RaggedTensor> interpret(const Function& f, const std::vector<RaggedT
         } else if (n.op == "const") {
             vals[i] = RaggedTensor::dense(
                 DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
-        } else {
+        }
+    }
+    return vals;
+}
+
+std::vector<RaggedTensor> interpret(const Function& f, const std::vector<RaggedTensor>& inputs) {
+    std::vector<RaggedTensor> vals = bind_inputs(f, inputs);
+    for (std::size_t i = 0; i < f.nodes.size(); ++i) {
+        const Node& n = f.nodes[i];
+        if (n.op != "input" && n.op != "const") {
             std::vector<RaggedTensor> args;
             for (int a : n.args) args.push_back(vals[std::size_t(a)]);
             vals[i] = evaluate(n.op, args, n.attrs);

@@ -1,5 +1,6 @@
 #include "jit/cpu_jit.hpp"
 
+#include "ir/interpreter.hpp"
 #include "jit/attention_cpu.hpp"
 #include "jit/elementwise_llvm.hpp"
 #include "jit/index_map.hpp"
@@ -145,22 +146,7 @@ class CompiledCpu final : public CpuFunction {
     const std::string& llvm_ir() const override { return ir_; }
 
     std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
-        if (inputs.size() != f_.inputs.size())
-            fail(f_.name, " takes ", f_.inputs.size(), " tensors, got ", inputs.size());
-        std::vector<RaggedTensor> vals(f_.nodes.size());
-        for (std::size_t i = 0; i < f_.nodes.size(); ++i) {
-            const ir::Node& n = f_.nodes[i];
-            if (n.op == "input") {
-                std::size_t k = std::size_t(n.attrs.get_int("index"));
-                if (inputs[k].schema() != n.type)
-                    fail(f_.name, ": argument ", k, (n.label.empty() ? "" : " (" + n.label + ")"),
-                         " has schema ", inputs[k].schema().str(), ", expected ", n.type.str());
-                vals[i] = inputs[k];
-            } else if (n.op == "const") {
-                vals[i] = RaggedTensor::dense(
-                    DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
-            }
-        }
+        std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
         if (profile_.on()) profile_.count_call();
         RelposNodes<RelposOnCpu> relpos;
         for (std::size_t k = 0; k < plan_.steps.size(); ++k) {

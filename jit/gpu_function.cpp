@@ -1,5 +1,6 @@
 #include "jit/gpu_function.hpp"
 
+#include "ir/interpreter.hpp"
 #include "jit/kir_gpu.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos_gpu.hpp"
@@ -63,22 +64,7 @@ class CompiledGpu final : public GpuFunction {
     const PtxProgram& ptx() const override { return ptx_; }
 
     std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
-        if (inputs.size() != f_.inputs.size())
-            fail(f_.name, " takes ", f_.inputs.size(), " tensors, got ", inputs.size());
-        std::vector<RaggedTensor> vals(f_.nodes.size());
-        for (std::size_t i = 0; i < f_.nodes.size(); ++i) {
-            const ir::Node& n = f_.nodes[i];
-            if (n.op == "input") {
-                std::size_t k = std::size_t(n.attrs.get_int("index"));
-                if (inputs[k].schema() != n.type)
-                    fail(f_.name, ": argument ", k, (n.label.empty() ? "" : " (" + n.label + ")"),
-                         " has schema ", inputs[k].schema().str(), ", expected ", n.type.str());
-                vals[i] = inputs[k];
-            } else if (n.op == "const") {
-                vals[i] = RaggedTensor::dense(
-                    DenseArray::from_f64(n.type.dtype, {}, {n.attrs.get_float("value")}));
-            }
-        }
+        std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
         RelposNodes<RelposOnGpu> relpos;
         for (const Step& s : plan_.steps) {
             if (s.kind == Step::Kind::fused) {

@@ -134,6 +134,24 @@ struct Program {
             [&] { b.loop(0, count, [&](Expr ii) { body(ii, pair_row(i0 + ii - j)); }); });
     }
 
+    struct KeyTile {
+        Expr j0, cols, klo, saturated;
+    };
+    // Key tile t (of J keys, up to kend) against the query strip [i0, i0 + rows): stages its
+    // keys and values, projects the keys onto the rows the pair reaches (from klo), and says
+    // whether every pair saturates (then they all read row klo).
+    KeyTile key_tile(Expr t, Expr i0, Expr rows, Expr kend, int Ks, int Vs, int ZK) {
+        const auto J = RelposShape::J;
+        Expr j0 = b.let(t * J, "j0");
+        Expr cols = b.let(min(Expr(J), kend - j0), "cols");
+        stage(Ks, k, j0, cols, s.D);
+        stage(Vs, v, j0, cols, s.Dv);
+        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+        Expr klo = b.let(row(dmin), "klo");
+        if (s.ak) project(ZK, WJ, Ks, cols, ek, klo, row(dmax) - klo + 1, false);
+        return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
+    }
+
     Expr masked(Expr score, Expr i, Expr j) {
         return s.causal ? select(j > i, Expr(minus_inf), score) : score;
     }
@@ -169,14 +187,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
     b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-        Expr j0 = b.let(t * J, "j0");
-        Expr cols = b.let(min(Expr(J), kend - j0), "cols");
-        p.stage(Ks, p.k, j0, cols, s.D);
-        p.stage(Vs, p.v, j0, cols, s.Dv);
-        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
-        Expr klo = b.let(p.row(dmin), "klo");
-        if (s.ak) p.project(ZK, p.WJ, Ks, cols, p.ek, klo, p.row(dmax) - klo + 1, false);
-        Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+        auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, Vs, ZK);
         b.loop(
             0, rows,
             [&](Expr g) {
@@ -280,14 +291,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
         if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-            Expr j0 = b.let(t * J, "j0");
-            Expr cols = b.let(min(Expr(J), kend - j0), "cols");
-            p.stage(Ks, p.k, j0, cols, s.D);
-            p.stage(Vs, p.v, j0, cols, s.Dv);
-            Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
-            Expr klo = b.let(p.row(dmin), "klo");
-            if (s.ak) p.project(ZK, p.WJ, Ks, cols, p.ek, klo, p.row(dmax) - klo + 1, false);
-            Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+            auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, Vs, ZK);
             b.loop(
                 0, rows,
                 [&](Expr g) {
