@@ -95,6 +95,7 @@ LV simple(Lowerer& L, const ast::Expr& call, const std::string& op,
 }
 
 // map=identity | clip(D) | t5_buckets(num=, max_distance=) | log_buckets(size=, max_position=)
+//   | buckets(D, r_-D, ..., r_D): a general monotone map, the row of each offset -D..D
 void relpos_map_attrs(Lowerer& L, const ast::Expr& m, Attrs& at) {
     const ast::Expr* callee = m.kind == ast::Expr::Kind::call ? m.operands[0].get() : &m;
     if (callee->kind != ast::Expr::Kind::name)
@@ -110,15 +111,24 @@ void relpos_map_attrs(Lowerer& L, const ast::Expr& m, Attrs& at) {
         sig = {"num?", "max_distance?"};
     else if (name == "log_buckets")
         sig = {"size?", "max_position?"};
+    else if (name == "buckets")
+        sig = {"distance", "*rows"};
     else
-        L.error(m.span,
-                "unknown map '" + name + "': expected identity, clip, t5_buckets or log_buckets");
+        L.error(m.span, "unknown map '" + name +
+                            "': expected identity, clip, t5_buckets, log_buckets or buckets");
     if (m.kind != ast::Expr::Kind::call) {
         if (name == "clip") L.error(m.span, "clip needs its distance: clip(16)");
+        if (name == "buckets")
+            L.error(m.span, "buckets needs D and 2D + 1 rows: buckets(1, 0, 1, 1)");
         return;
     }
     Args a = match(L, m, name, sig);
     for (const auto& [n, e] : a.named) at.set(n, int_attr(L, *e, n.c_str()));
+    if (name == "buckets") {
+        std::vector<std::int64_t> rows;
+        for (const auto* r : a.rest) rows.push_back(int_attr(L, *r, "a bucket row"));
+        at.set("table", rows);
+    }
 }
 
 LV make_grad(Lowerer& L, const ast::Expr& call, bool with_value) {

@@ -36,10 +36,12 @@ RelposMap make_map(const std::string& name, const Attrs& at, std::optional<std::
             m = RelposMap::t5_buckets(at.get_int("num", 32), at.get_int("max_distance", 128));
         if (name == "log_buckets")
             m = RelposMap::log_buckets(at.get_int("size", 256), at.get_int("max_position", 512));
+        if (name == "buckets") m = RelposMap::buckets(at.get_ints("table"), at.get_int("distance"));
     } catch (const Error& e) {
         fail(op, ": ", e.what());
     }
-    if (!m) fail(op, ": unknown map \"", name, "\" (identity, clip, t5_buckets, log_buckets)");
+    if (!m)
+        fail(op, ": unknown map \"", name, "\" (identity, clip, t5_buckets, log_buckets, buckets)");
     if (R && *R != m->rows())
         fail(op, ": ", m->str(), " has ", m->rows(), " rows but the tables have ", *R);
     return *m;
@@ -343,8 +345,10 @@ std::vector<std::vector<double>> gradients(const Problem& pb) {
 }
 
 const char* doc =
-    "relpos_attention(q, k, v, [aq], [ak], [bias], map=identity|clip|t5_buckets|log_buckets, "
-    "distance= (clip) | num=32, max_distance=128 (t5) | size=256, max_position=512 (log), "
+    "relpos_attention(q, k, v, [aq], [ak], [bias], "
+    "map=identity|clip|t5_buckets|log_buckets|buckets, "
+    "distance= (clip) | num=32, max_distance=128 (t5) | size=256, max_position=512 (log) | "
+    "distance=D, table=[2D + 1 monotone rows] (buckets), "
     "aq=, ak=, bias= (which tables follow v), causal=false, scale=1/sqrt(D)): per sample and head "
     "softmax_j(scale (q_i.k_j + q_i.aq[r] + k_j.ak[r] + bias[r]) + mask) v, r = phi(i - j); "
     "q, k [B, ~N, H, D], v [B, ~N, H, Dv], aq, ak [R, H, D], bias [R, H] with R = the map's rows "

@@ -260,6 +260,20 @@ TEST(RelposFused, FourMechanismsForwardAndEveryGradientMeetTheCriterion) {
             }
 }
 
+TEST(RelposFused, GeneralBucketTable) {
+    // A monotone offset -> row table (the op's map=buckets), saturating beyond |delta| = 3,
+    // with rows covering one or several offsets.
+    const std::vector<std::int64_t> table = {0, 0, 1, 2, 2, 3, 4};
+    Mechanism m =
+        make("buckets(3)", RelposMap::buckets(table, 3),
+             {{"map", std::string("buckets")}, {"distance", std::int64_t(3)}, {"table", table}},
+             true, true, true);
+    for (bool causal : {false, true}) {
+        SCOPED_TRACE(case_name(m, DType::f32, causal));
+        check_case(m, {65, 1, 0, 130}, DType::f32, causal);
+    }
+}
+
 TEST(RelposFused, ContentToPositionAndPositionToContentSeparately) {
     // A public kernel once shipped p2c with the sign of delta swapped: check each term alone.
     const Dims dm;

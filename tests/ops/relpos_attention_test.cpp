@@ -200,6 +200,34 @@ TEST(RelposAttention, MechanismsMatchTheGatheringReference) {
     }
 }
 
+TEST(RelposAttention, GeneralBucketTable) {
+    // map=buckets with a table: the gathering reference, its gradients, and a table that
+    // is not an interval per row is an error naming the map.
+    const std::vector<std::int64_t> table = {0, 0, 1, 2, 2, 3, 4};
+    Mechanism m{"buckets",
+                RelposMap::buckets(table, 3),
+                {{"map", std::string("buckets")},
+                 {"distance", std::int64_t(3)},
+                 {"table", table},
+                 {"aq", true},
+                 {"bias", true}},
+                12,
+                true,
+                false,
+                true};
+    auto in = make_inputs(m, lengths_for(m));
+    for (bool causal : {false, true}) {
+        EXPECT_TRUE(samples_close(evaluate("relpos_attention", in, with_causal(m.attrs, causal)),
+                                  reference(m, in, causal), 1e-12, 1e-12));
+        check_vjp("relpos_attention", make_inputs(m, lengths_for(m, 4)),
+                  with_causal(m.attrs, causal), 1e-6);
+    }
+    Attrs bad = m.attrs;
+    bad.set("table", std::vector<std::int64_t>{0, 1, 0, 2, 3, 4, 4});
+    EXPECT_NE(error_of([&] { evaluate("relpos_attention", in, bad); }).find("buckets"),
+              std::string::npos);
+}
+
 TEST(RelposAttention, DebertaDefaultBucketsAtSmallN) {
     auto m = deberta(256, 512, 9);
     auto in = make_inputs(m, lengths_for(m, 3));
