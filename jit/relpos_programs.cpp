@@ -152,6 +152,33 @@ struct Program {
         return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
     }
 
+    // acc[r] += sum_w dZ[r][w] table[lo + w] over the strip's reachable rows: the relation
+    // term of dQ (tables eq) or dK (ek) for strip row r.
+    void fold_rows(int acc, Expr r, int dZ, Expr lo, Expr count, int tab) {
+        b.loop(0, count, [&](Expr w) {
+            Expr c = b.let(b.load(dZ, r * W + w), "c");
+            b.loop(0, s.D,
+                   [&](Expr x) { b.add_to(acc, r * s.D + x, c * b.load(tab, table(lo + w, x))); });
+        });
+    }
+    // The strip's share of a table gradient, added at row `at` + w of the sample's partial:
+    // part[w] += sum_r dZ[r][w] src[r] (src: the strip's staged q or k rows).
+    void add_partial(int part, Expr at, Expr w, int dZ, Expr rows, int src) {
+        b.loop(0, rows, [&](Expr r) {
+            Expr c = b.let(b.load(dZ, r * W + w), "c");
+            b.loop(0, s.D, [&](Expr x) {
+                b.add_to(part, (at + w) * s.D + x, c * b.load(src, r * s.D + x));
+            });
+        });
+    }
+    // Which rows the sample's partials cover, for the reduction (written once, by head 0).
+    void store_range(int range, Expr lo, Expr count) {
+        b.when(h == 0, [&] {
+            b.store(range, tile * 2, lo);
+            b.store(range, tile * 2 + 1, count);
+        });
+    }
+
     Expr masked(Expr score, Expr i, Expr j) {
         return s.causal ? select(j > i, Expr(minus_inf), score) : score;
     }
@@ -322,13 +349,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
         b.loop(
             0, rows,
             [&](Expr g) {
-                if (s.aq)
-                    b.loop(0, wq, [&](Expr w) {
-                        Expr c = b.let(b.load(dZ, g * p.W + w), "c");
-                        b.loop(0, s.D, [&](Expr x) {
-                            b.add_to(dQ, g * s.D + x, c * b.load(p.eq, p.table(qlo + w, x)));
-                        });
-                    });
+                if (s.aq) p.fold_rows(dQ, g, dZ, qlo, wq, p.eq);
                 b.loop(0, s.D,
                        [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
             },
@@ -336,15 +357,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
         b.loop(
             0, wq,
             [&](Expr w) {
-                if (s.aq) {
-                    b.loop(0, rows, [&](Expr g) {
-                        Expr c = b.let(b.load(dZ, g * p.W + w), "c");
-                        b.loop(0, s.D, [&](Expr x) {
-                            b.add_to(zq_part, (part * p.WP + qlo - slo + w) * s.D + x,
-                                     c * b.load(Qs, g * s.D + x));
-                        });
-                    });
-                }
+                if (s.aq) p.add_partial(zq_part, part * p.WP + qlo - slo, w, dZ, rows, Qs);
                 if (s.bias) {
                     int sum = b.var(Type::f32, 0.0);
                     b.loop(0, rows,
@@ -354,10 +367,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
             },
             Loop::threads);
     });
-    b.when(p.h == 0, [&] {
-        b.store(range, p.tile * 2, slo);
-        b.store(range, p.tile * 2 + 1, sw);
-    });
+    p.store_range(range, slo, sw);
     return b.finish();
 }
 
@@ -454,13 +464,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
         b.loop(
             0, cols,
             [&](Expr jj) {
-                if (s.ak)
-                    b.loop(0, wk, [&](Expr w) {
-                        Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
-                        b.loop(0, s.D, [&](Expr x) {
-                            b.add_to(dK, jj * s.D + x, c * b.load(p.ek, p.table(klo + w, x)));
-                        });
-                    });
+                if (s.ak) p.fold_rows(dK, jj, dZ, klo, wk, p.ek);
                 b.loop(0, s.D, [&](Expr x) {
                     b.store(dk, p.at(j0 + jj, x, s.D), b.load(dK, jj * s.D + x));
                 });
@@ -472,22 +476,11 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
         if (s.ak) {
             b.loop(
                 0, wk,
-                [&](Expr w) {
-                    b.loop(0, cols, [&](Expr jj) {
-                        Expr c = b.let(b.load(dZ, jj * p.W + w), "c");
-                        b.loop(0, s.D, [&](Expr x) {
-                            b.add_to(zk_part, (part * p.WP + klo - slo + w) * s.D + x,
-                                     c * b.load(Ks, jj * s.D + x));
-                        });
-                    });
-                },
+                [&](Expr w) { p.add_partial(zk_part, part * p.WP + klo - slo, w, dZ, cols, Ks); },
                 Loop::threads);
         }
     });
-    b.when(p.h == 0, [&] {
-        b.store(range, p.tile * 2, slo);
-        b.store(range, p.tile * 2 + 1, sw);
-    });
+    p.store_range(range, slo, sw);
     return b.finish();
 }
 
