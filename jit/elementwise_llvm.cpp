@@ -4,6 +4,7 @@
 
 #include <llvm/IR/Intrinsics.h>
 
+#include <cmath>
 #include <numbers>
 
 namespace rag::jit {
@@ -14,6 +15,13 @@ llvm::Value* call_named(llvm::IRBuilder<>& b, llvm::Module& m, const std::string
     llvm::Type* t = args[0]->getType();
     std::vector<llvm::Type*> params(args.size(), t);
     auto callee = m.getOrInsertFunction(name, llvm::FunctionType::get(t, params, false));
+    // Pure (errno ignored, as under -fno-math-errno), so the loop vectoriser may call the
+    // SIMD variants llvm_jit.cpp registers.
+    if (auto* f = llvm::dyn_cast<llvm::Function>(callee.getCallee())) {
+        f->setDoesNotAccessMemory();
+        f->setDoesNotThrow();
+        f->setWillReturn();
+    }
     return b.CreateCall(callee, args);
 }
 
@@ -99,6 +107,37 @@ llvm::Value* emit_elementwise(llvm::IRBuilder<>& b, llvm::Module& m, const MathL
     auto sigmoid = [&](llvm::Value* x) {
         return b.CreateFDiv(c(1), b.CreateFAdd(c(1), fn(MathFn::exp, {b.CreateFNeg(x)})));
     };
+    // fn'(x) of unary_grad(x, y = fn(x), g), the derivatives of ir/ops/elementwise.cpp.
+    auto unary_derivative = [&](const ir::Node& node, llvm::Value* x,
+                                llvm::Value* y) -> llvm::Value* {
+        const std::string f = node.attrs.get_str("fn");
+        auto sign_of = [&](llvm::Value* v) {
+            return b.CreateSelect(b.CreateFCmpOGT(v, c(0)), c(1),
+                                  b.CreateSelect(b.CreateFCmpOLT(v, c(0)), c(-1), c(0)));
+        };
+        if (f == "neg") return c(-1);
+        if (f == "exp") return y;
+        if (f == "log") return b.CreateFDiv(c(1), x);
+        if (f == "sqrt") return b.CreateFDiv(c(0.5), y);
+        if (f == "rsqrt") return b.CreateFDiv(b.CreateFMul(c(-0.5), y), x);
+        if (f == "abs") return sign_of(x);
+        if (f == "tanh") return b.CreateFSub(c(1), b.CreateFMul(y, y));
+        if (f == "sigmoid") return b.CreateFMul(y, b.CreateFSub(c(1), y));
+        if (f == "relu") return b.CreateSelect(b.CreateFCmpOGT(x, c(0)), c(1), c(0));
+        if (f == "gelu") {
+            llvm::Value* phi = b.CreateFMul(
+                c(0.5), fn(MathFn::erfc, {b.CreateFMul(x, c(-1 / std::numbers::sqrt2))}));
+            llvm::Value* density =
+                b.CreateFMul(fn(MathFn::exp, {b.CreateFMul(c(-0.5), b.CreateFMul(x, x))}),
+                             c(1 / std::sqrt(2 * std::numbers::pi)));
+            return b.CreateFAdd(phi, b.CreateFMul(x, density));
+        }
+        if (f == "silu") {
+            llvm::Value* s = sigmoid(x);
+            return b.CreateFMul(s, b.CreateFAdd(c(1), b.CreateFMul(x, b.CreateFSub(c(1), s))));
+        }
+        fail("internal: no derivative code for ", f);
+    };
     const std::string& op = n.op;
     if (op == "neg") return b.CreateFNeg(arg(0));
     if (op == "exp") return fn(MathFn::exp, {arg(0)});
@@ -123,6 +162,7 @@ llvm::Value* emit_elementwise(llvm::IRBuilder<>& b, llvm::Module& m, const MathL
     if (op == "maximum") return b.CreateSelect(b.CreateFCmpOGE(arg(0), arg(1)), arg(0), arg(1));
     if (op == "minimum") return b.CreateSelect(b.CreateFCmpOLE(arg(0), arg(1)), arg(0), arg(1));
     if (op == "scale") return b.CreateFMul(arg(0), c(n.attrs.get_float("c")));
+    if (op == "unary_grad") return b.CreateFMul(arg(2), unary_derivative(n, arg(0), arg(1)));
     fail("internal: no elementwise code for ", op);
 }
 

@@ -64,6 +64,16 @@ void optimise(llvm::Module& m, llvm::TargetMachine& tm) {
     llvm::TargetLibraryInfoImpl tlii(llvm::Triple(m.getTargetTriple()));
     tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86,
                                             llvm::Triple(m.getTargetTriple()));
+    // LLVM 16's libmvec table predates glibc 2.35's SIMD erfc and tanh (gelu and tanh loops).
+    const auto fixed = [](unsigned n) { return llvm::ElementCount::getFixed(n); };
+    tlii.addVectorizableFunctions({{"erfcf", "_ZGVbN4v_erfcf", fixed(4)},
+                                   {"erfcf", "_ZGVdN8v_erfcf", fixed(8)},
+                                   {"erfc", "_ZGVbN2v_erfc", fixed(2)},
+                                   {"erfc", "_ZGVdN4v_erfc", fixed(4)},
+                                   {"tanhf", "_ZGVbN4v_tanhf", fixed(4)},
+                                   {"tanhf", "_ZGVdN8v_tanhf", fixed(8)},
+                                   {"tanh", "_ZGVbN2v_tanh", fixed(2)},
+                                   {"tanh", "_ZGVdN4v_tanh", fixed(4)}});
     fam.registerPass([&] { return llvm::TargetLibraryAnalysis(tlii); });
     llvm::PassBuilder pb(&tm);
     pb.registerModuleAnalyses(mam);

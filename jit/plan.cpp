@@ -12,8 +12,8 @@ namespace rag::jit {
 namespace {
 
 const std::set<std::string, std::less<>> fusable = {
-    "neg",  "exp", "log", "sqrt", "rsqrt", "abs", "tanh",    "sigmoid", "relu", "gelu",
-    "silu", "add", "sub", "mul",  "div",   "pow", "maximum", "minimum", "scale"};
+    "neg",  "exp", "log", "sqrt", "rsqrt", "abs", "tanh",    "sigmoid", "relu",  "gelu",
+    "silu", "add", "sub", "mul",  "div",   "pow", "maximum", "minimum", "scale", "unary_grad"};
 
 bool is_one(const Axis& a) {
     return a.kind == AxisKind::fixed && a.extent == 1;

@@ -37,6 +37,15 @@ TEST(CpuJit, EveryFusedOpAgreesWithTheInterpreter) {
             ir::Builder b(f);
             f.outputs = {b.op(op, {b.input(x.schema(), "x")})};
             expect_tiers_agree(f, {x});
+            // Its derivative, as autodiff emits it: unary_grad(x, op(x), g) in the same loop.
+            ir::Function df;
+            df.name = std::string(op) + "_grad";
+            ir::Builder db(df);
+            int dx = db.input(x.schema(), "x");
+            int dy = db.op(op, {dx});
+            df.outputs = {db.op("unary_grad", {dx, dy, db.input(y.schema(), "g")}, {{"fn", op}})};
+            EXPECT_EQ(jit::compile_cpu(df)->plan().groups.size(), 1u) << op;
+            expect_tiers_agree(df, {x, y});
         }
         for (const char* op : binary)
             for (const RaggedTensor* other : {&y, &row, &scalar}) {
@@ -68,6 +77,17 @@ TEST(CpuJit, ChainsFuseIntoOneVectorisedLoop) {
     auto in = random_batch(DType::f32, "~N, 64", shapes_for("~N, 64", {{0}, {1}, {300}, {1200}}));
     expect_tiers_agree(f, {in, random_batch(DType::f32, "~N, 64",
                                             shapes_for("~N, 64", {{0}, {1}, {300}, {1200}}))});
+}
+
+TEST(CpuJit, GeluAndTanhLoopsCallSimdMath) {
+    // erfc (gelu) and tanh have SIMD variants in glibc's libmvec; the vectoriser must use them.
+    for (const char* op : {"gelu", "tanh"}) {
+        ir::Function f;
+        f.name = op;
+        ir::Builder b(f);
+        f.outputs = {b.op(op, {b.input(ragged(DType::f32, "~N, 64"), "x")})};
+        EXPECT_NE(jit::compile_cpu(f)->llvm_ir().find("@_ZGVdN8v_"), std::string::npos) << op;
+    }
 }
 
 TEST(CpuJit, MatmulOverPackedRowsIsOneGemm) {
