@@ -2,6 +2,7 @@
 
 #include "ir/interpreter.hpp"
 #include "jit/attention_cpu.hpp"
+#include "jit/batched_gemm.hpp"
 #include "jit/elementwise_llvm.hpp"
 #include "jit/index_map.hpp"
 #include "jit/layout.hpp"
@@ -240,6 +241,10 @@ class CompiledCpu final : public CpuFunction {
                          const std::vector<RaggedTensor>& vals) {
         const RaggedTensor& a = vals[std::size_t(n.args[0])];
         const RaggedTensor& b = vals[std::size_t(n.args[1])];
+        if (n.op == "matmul" && b.shape().batched) {
+            result = run_batched_gemm(n, vals);
+            return;
+        }
         const bool weight_grad = n.op == "matmul_weight_grad";
         const std::int64_t C = weight_grad ? n.type.shape.axes[0].extent : b.shape().axes[0].extent;
         const std::int64_t D = weight_grad ? n.type.shape.axes[1].extent : b.shape().axes[1].extent;

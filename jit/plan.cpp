@@ -1,6 +1,7 @@
 #include "jit/plan.hpp"
 
 #include "jit/attention_cpu.hpp"
+#include "jit/batched_gemm.hpp"
 #include "jit/layout.hpp"
 #include "jit/rowwise.hpp"
 #include "jit/segmented.hpp"
@@ -112,8 +113,9 @@ Plan make_plan(const ir::Function& f) {
         }
         const Schema& t = n.type;
         const bool float_type = t.dtype == DType::f32 || t.dtype == DType::f64;
-        bool gemm = float_type && ((n.op == "matmul" && !f.type(n.args[1]).shape.batched) ||
-                                   n.op == "matmul_weight_grad");
+        bool gemm = (float_type && ((n.op == "matmul" && !f.type(n.args[1]).shape.batched) ||
+                                    n.op == "matmul_weight_grad")) ||
+                    is_batched_gemm(f, n);
         p.steps.push_back({gemm                                    ? Step::Kind::gemm
                            : is_segmented(f, n)                    ? Step::Kind::segmented
                            : layout_kind(f, n) != LayoutKind::none ? Step::Kind::layout

@@ -108,6 +108,40 @@ TEST(CpuJit, MatmulOverPackedRowsIsOneGemm) {
     }
 }
 
+TEST(CpuJit, BatchedMatmulsAreGemmsWhateverTheStorageOrder) {
+    // a @ b per sample over the last two axes, and the products its gradient takes
+    // (g b^T, a^T g, through transposed views). Ragged scores [4, ~N, ~M] keep the static axis
+    // innermost in storage, so BLAS writes them through a copy; the padded form is all static.
+    struct Case {
+        const char *a, *b;
+    };
+    for (DType t : {DType::f32, DType::f64})
+        for (Case c : {Case{"4, ~N, 8", "4, 8, ~N"}, Case{"~N, 3, 5", "~N, 5, 2"},
+                       Case{"2, 6, 5", "2, 5, 7"}, Case{"~N, 4", "4, ~N"}}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + " [" + c.a + "] @ [" + c.b + "]");
+            ir::Function f;
+            f.name = "bmm";
+            ir::Builder b(f);
+            int x = b.input(ragged(t, c.a), "a");
+            int y = b.input(ragged(t, c.b), "b");
+            int o = b.op("matmul", {x, y});
+            int g = b.input(f.type(o), "g");
+            auto T = [&](int v) { return b.op("transpose", {v}, {{"a", -1}, {"b", -2}}); };
+            f.outputs = {o, b.op("matmul", {g, T(y)}), b.op("matmul", {T(x), g})};
+            const std::string plan = jit::print(jit::compile_cpu(f)->plan(), f);
+            std::size_t gemms = 0;
+            for (std::size_t at = plan.find("gemm"); at != std::string::npos;
+                 at = plan.find("gemm", at + 1))
+                ++gemms;
+            EXPECT_EQ(gemms, 3u) << plan;
+            for (auto lengths : {std::vector<std::int64_t>{0, 1, 7, 3}, {12, 12}}) {
+                std::vector<RaggedTensor> in;
+                for (int v : f.inputs) in.push_back(random_for(f.type(v), lengths, -1.0, 1.0));
+                expect_tiers_agree(f, in);
+            }
+        }
+}
+
 TEST(CpuJit, WeightGradientIsOneGemm) {
     for (DType t : {DType::f32, DType::f64}) {
         ir::Function f;
