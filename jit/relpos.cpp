@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* op_name = "relpos_attention";
 
-enum class Pass { forward, query_grad, key_grad, reduce };
+enum class Pass { forward, query_grad, key_grad, reduce, project };
 
 const CpuKernel& kernel(Pass pass, const RelposShape& s) {
     static std::mutex mu;
@@ -27,7 +27,8 @@ const CpuKernel& kernel(Pass pass, const RelposShape& s) {
     if (pass != Pass::reduce)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
-               std::to_string(s.bias) + std::to_string(s.causal) + "/" + std::to_string(s.scale);
+               std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.saved) + "/" +
+               std::to_string(s.scale);
     std::lock_guard<std::mutex> lock(mu);
     auto& k = cache[key];
     if (!k) {
@@ -43,6 +44,9 @@ const CpuKernel& kernel(Pass pass, const RelposShape& s) {
             break;
         case Pass::reduce:
             k = compile_kernel_cpu(relpos_table_reduce_program());
+            break;
+        case Pass::project:
+            k = compile_kernel_cpu(relpos_project_program(s));
             break;
         }
     }
@@ -68,13 +72,34 @@ void* ptr(const RaggedTensor& t) {
     return const_cast<void*>(t.data());
 }
 
+// Saves projections when asked and there are aq or ak projections to save.
+void choose(Setup& s, bool save) {
+    s.shape.saved = save && (s.shape.aq || s.shape.ak);
+}
+
+// The saved projections of one table: [tokens][H][WS] f32 when present, else one float.
+Buffer saved_buffer(const Setup& s, bool present) {
+    return Buffer::allocate(present ? std::size_t(s.tokens * s.H * s.WS) * 4 : 4);
+}
+
 RelposForward run_forward(std::span<const RaggedTensor> in, Setup& s) {
     RelposForward f;
     f.out = RaggedTensor::zeros(in[0].dtype(), in[2].structure_ptr());
     f.lse = Buffer::allocate(std::size_t(std::max<std::int64_t>(s.tokens * s.H, 1)) * 4);
     if (s.tiles.empty()) return f;
-    void* bufs[] = {ptr(in[0]),  ptr(in[1]),     ptr(in[2]),           table(s.eq),     table(s.ek),
-                    table(s.eb), s.tiles.data(), f.out.mutable_data(), f.lse.data.get()};
+    if (s.shape.saved) {
+        f.saved = true;
+        f.zqs = saved_buffer(s, s.shape.aq);
+        f.zks = saved_buffer(s, s.shape.ak);
+        void* pbufs[] = {ptr(in[0]),     ptr(in[1]),       ptr(in[2]),
+                         table(s.eq),    table(s.ek),      table(s.eb),
+                         s.tiles.data(), f.zqs.data.get(), f.zks.data.get()};
+        kernel(Pass::project, s.shape).launch(s.strips() * s.H, pbufs, s.params());
+    }
+    std::vector<void*> bufs = {ptr(in[0]),     ptr(in[1]),           ptr(in[2]),
+                               table(s.eq),    table(s.ek),          table(s.eb),
+                               s.tiles.data(), f.out.mutable_data(), f.lse.data.get()};
+    if (s.shape.saved) bufs.insert(bufs.end(), {f.zqs.data.get(), f.zks.data.get()});
     kernel(Pass::forward, s.shape).launch(s.strips() * s.H, bufs, s.params());
     return f;
 }
@@ -92,13 +117,16 @@ std::vector<double> table_grad(Floats& part, std::vector<std::int64_t>& range, c
 
 } // namespace
 
-RelposForward relpos_forward(std::span<const RaggedTensor> in, const Attrs& at) {
+RelposForward relpos_forward(std::span<const RaggedTensor> in, const Attrs& at,
+                             const RelposOptions& opt) {
     Setup s = relpos_setup(in, at, op_name, false);
+    choose(s, opt.save_projections);
     return run_forward(in, s);
 }
 
 std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, const RaggedTensor& dO,
-                                          const Attrs& at, const RelposForward* fwd) {
+                                          const Attrs& at, const RelposForward* fwd,
+                                          const RelposOptions& opt) {
     std::vector<RaggedTensor> with_dO(in.begin(), in.end());
     with_dO.push_back(dO);
     Setup setup = relpos_setup(with_dO, at, op_name, true);
@@ -108,9 +136,12 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
              dtype_name(dO.dtype()));
     RelposForward again;
     if (!fwd) {
+        choose(*s, opt.save_projections);
         again = run_forward(in, *s);
         fwd = &again;
     }
+    // The backward reads the forward's saved projections when it has them.
+    choose(*s, fwd->saved);
     const RelposShape& sh = s->shape;
     std::vector<RaggedTensor> g;
     for (int t = 0; t < 3; ++t)
@@ -123,15 +154,18 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         Floats zq(sh.aq ? parts * std::size_t(sh.D) : 1), zb(sh.bias ? parts : 1);
         Floats zk(sh.ak ? parts * std::size_t(sh.D) : 1);
         std::vector<std::int64_t> qrange(std::size_t(2 * s->nonempty())), krange(qrange.size());
-        void* qbufs[] = {ptr(in[0]),    ptr(in[1]),          ptr(in[2]),          table(s->eq),
-                         table(s->ek),  table(s->eb),        s->samples.data(),   ptr(dO),
-                         ptr(fwd->out), fwd->lse.data.get(), g[0].mutable_data(), delta.data(),
-                         zq.data(),     zb.data(),           qrange.data()};
-        kernel(Pass::query_grad, sh).launch(s->nonempty() * s->H, qbufs, s->params());
-        void* kbufs[] = {
+        std::vector<void*> qbufs = {
+            ptr(in[0]),          ptr(in[1]),        ptr(in[2]), table(s->eq),  table(s->ek),
+            table(s->eb),        s->samples.data(), ptr(dO),    ptr(fwd->out), fwd->lse.data.get(),
+            g[0].mutable_data(), delta.data(),      zq.data(),  zb.data(),     qrange.data()};
+        std::vector<void*> kbufs = {
             ptr(in[0]),          ptr(in[1]),          ptr(in[2]), table(s->eq),        table(s->ek),
             table(s->eb),        s->samples.data(),   ptr(dO),    fwd->lse.data.get(), delta.data(),
             g[1].mutable_data(), g[2].mutable_data(), zk.data(),  krange.data()};
+        if (sh.saved)
+            for (auto* bufs : {&qbufs, &kbufs})
+                bufs->insert(bufs->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
+        kernel(Pass::query_grad, sh).launch(s->nonempty() * s->H, qbufs, s->params());
         kernel(Pass::key_grad, sh).launch(s->nonempty() * s->H, kbufs, s->params());
         Floats* partial[] = {&zq, &zk, &zb};
         std::vector<std::int64_t>* ranges[] = {&qrange, &krange, &qrange};
@@ -153,12 +187,12 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
 }
 
 RaggedTensor RelposOnCpu::forward() {
-    fwd_ = relpos_forward(in_, at_);
+    fwd_ = relpos_forward(in_, at_, opt_);
     return fwd_->out;
 }
 
 std::vector<RaggedTensor> RelposOnCpu::backward(const RaggedTensor& dO) {
-    return relpos_backward(in_, dO, at_, fwd_ ? &*fwd_ : nullptr);
+    return relpos_backward(in_, dO, at_, fwd_ ? &*fwd_ : nullptr, opt_);
 }
 
 } // namespace rag::jit

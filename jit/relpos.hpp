@@ -18,32 +18,53 @@
 
 namespace rag::jit {
 
+// How the backward gets the relation projections q_i . aQ[u] (+ bias[u]) and k_j . aK[u].
+// Recomputing (the default) projects each strip and tile again in both backward passes and
+// keeps the extra memory O(tokens) (flat in N for clip and bucket maps). Saving makes the
+// forward write every token's projections onto the rows it reaches once, and the forward and
+// both backward passes read them: less arithmetic in the backward, but the forward's result
+// holds f32 [tokens][H][min(N, 2 Delta + 1)] per present aq / ak table (N the longest sample,
+// Delta the map's saturation), i.e. about 4 N^2 H bytes per sample and table for identity
+// maps (O(N^2), like the materialised bias) and 4 N H (2 Delta + 1) bytes for clip and bucket
+// maps. A bias-only map has nothing to save. Gradients are bitwise the same either way.
+struct RelposOptions {
+    bool save_projections = false;
+};
+
 struct RelposForward {
     RaggedTensor out; // O, in v's layout and q's dtype
     Buffer lse;       // f32 row log-sum-exp of the scores, [token][head], for the backward
+    // With RelposOptions::save_projections (and aq or ak present): the saved projections
+    // (relpos_project_program's zqs, zks); empty otherwise.
+    bool saved = false;
+    Buffer zqs, zks;
 };
 
-RelposForward relpos_forward(std::span<const RaggedTensor> in, const Attrs& at);
+RelposForward relpos_forward(std::span<const RaggedTensor> in, const Attrs& at,
+                             const RelposOptions& opt = {});
 
 // The gradient of every input (q, k, v, then the present tables, in input order) given the
 // output cotangent dO (v's layout). `fwd` is the forward's result on the same inputs; when
-// null the forward runs again to recover it.
+// null the forward runs again (with `opt`) to recover it; when given, the backward reads its
+// saved projections if it has them and recomputes them otherwise.
 // One application on the CPU, for jit/relpos_step.hpp: the forward keeps its log-sum-exp for
 // the backward.
 class RelposOnCpu {
   public:
-    RelposOnCpu(std::span<const RaggedTensor> in, const Attrs& at)
-        : in_(in.begin(), in.end()), at_(at) {}
+    RelposOnCpu(std::span<const RaggedTensor> in, const Attrs& at, RelposOptions opt = {})
+        : in_(in.begin(), in.end()), at_(at), opt_(opt) {}
     RaggedTensor forward();
     std::vector<RaggedTensor> backward(const RaggedTensor& dO);
 
   private:
     std::vector<RaggedTensor> in_;
     Attrs at_;
+    RelposOptions opt_;
     std::optional<RelposForward> fwd_;
 };
 
 std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, const RaggedTensor& dO,
-                                          const Attrs& at, const RelposForward* fwd = nullptr);
+                                          const Attrs& at, const RelposForward* fwd = nullptr,
+                                          const RelposOptions& opt = {});
 
 } // namespace rag::jit

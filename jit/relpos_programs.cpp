@@ -30,8 +30,9 @@ const double minus_inf = -INFINITY;
 struct Program {
     Builder b;
     const RelposShape& s;
-    Expr H, Delta, U, G, W, WP, WJ;
+    Expr H, Delta, U, G, W, WP, WS, WJ;
     int q, k, v, eq, ek, eb, tiles;
+    int zqs = -1, zks = -1; // saved projections (s.saved), after the program's own buffers
     Expr tile, h, o, n, start;
 
     Program(const char* name, const RelposShape& shape) : b(name), s(shape) {
@@ -41,6 +42,7 @@ struct Program {
         G = b.param("G");
         W = b.param("W");
         WP = b.param("WP");
+        WS = b.param("WS");
         WJ = min(G + RelposShape::J - 1, U); // rows a (strip, tile) pair reaches
         const kir::Elem e = elem_of(s.dtype);
         q = b.buffer("q", e);
@@ -61,6 +63,18 @@ struct Program {
         start = b.let(b.load(tiles, tile * 3 + 2), "start");
     }
 
+    // In saved shapes: the saved projections, declared after the program's own buffers.
+    void saved_buffers() {
+        if (!s.saved) return;
+        zqs = b.buffer("zqs", kir::Elem::f32);
+        zks = b.buffer("zks", kir::Elem::f32);
+    }
+    // Whether the strip and tile projections are computed here (not read from zqs, zks).
+    bool projects_q() const { return s.aq && !s.saved; }
+    bool projects_k() const { return s.ak && !s.saved; }
+    // Scratch of `size` floats when `used`, else one.
+    Expr sized(bool used, Expr size) const { return used ? size : Expr(1); }
+
     // The expanded row of offset delta.
     Expr row(Expr delta) { return clamp(delta, -Delta, Delta) + Delta; }
     // The row a pair reads. Under a causal mask a key after its query (delta < 0) is masked
@@ -69,6 +83,11 @@ struct Program {
     // Element x of head h of token i of a [T, H, width] buffer.
     Expr at(Expr i, Expr x, std::int64_t width) { return ((o + i) * H + h) * width + x; }
     Expr table(Expr u, Expr x) { return (h * U + u) * s.D + x; }
+    // The first row query i (key j) of the sample reaches: the origin of its saved projections.
+    Expr q_lo(Expr i) { return row(s.causal ? Expr(0) : i - n + 1); }
+    Expr k_lo(Expr j) { return row(s.causal ? Expr(0) : -j); }
+    // Saved projection of token i of the sample at row u, rows from lo.
+    Expr saved_at(Expr i, Expr u, Expr lo) { return ((o + i) * H + h) * WS + u - lo; }
 
     Expr dot(int a, Expr a0, int c, Expr c0, std::int64_t len) {
         int acc = b.var(Type::f32, 0.0);
@@ -104,17 +123,21 @@ struct Program {
             Loop::threads);
     }
 
-    // The scaled score of query row qi (of scratch qs) and key row kj (of scratch ks) at
-    // expanded row u, given the query-side projections zq (rows from qlo, stride qstride) and
-    // the key-side zk (from klo, stride kstride); -1 marks an absent projection.
+    // The scaled score of query row qi (of scratch qs; query i of the sample) and key row kj
+    // (of scratch ks; key j) at expanded row u, given the query-side projections zq (rows from
+    // qlo, stride qstride) and the key-side zk (from klo, stride kstride), or in saved shapes
+    // the saved projections of i and j.
     Expr score(int qs, Expr qi, int ks, Expr kj, Expr u, int zq, Expr qlo, Expr qstride, int zk,
-               Expr klo, Expr kstride) {
+               Expr klo, Expr kstride, Expr i, Expr j) {
         Expr t = dot(qs, qi * s.D, ks, kj * s.D, s.D);
         if (s.aq)
-            t = t + b.load(zq, qi * qstride + u - qlo);
+            t = t + (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i)))
+                             : b.load(zq, qi * qstride + u - qlo));
         else if (s.bias)
             t = t + b.load(eb, h * U + u);
-        if (s.ak) t = t + b.load(zk, kj * kstride + u - klo);
+        if (s.ak)
+            t = t + (s.saved ? b.load(zks, saved_at(j, u, k_lo(j)))
+                             : b.load(zk, kj * kstride + u - klo));
         return t * s.scale;
     }
 
@@ -148,7 +171,7 @@ struct Program {
         stage(Vs, v, j0, cols, s.Dv);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
-        if (s.ak) project(ZK, WJ, Ks, cols, ek, klo, row(dmax) - klo + 1, false);
+        if (projects_k()) project(ZK, WJ, Ks, cols, ek, klo, row(dmax) - klo + 1, false);
         return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
     }
 
@@ -192,9 +215,11 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     const auto J = RelposShape::J;
     const kir::Elem e = elem_of(s.dtype);
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
-    const int Qs = b.scratch("Qs", p.G * s.D), ZQ = b.scratch("ZQ", s.aq ? p.G * p.W : Expr(1));
+    p.saved_buffers();
+    const int Qs = b.scratch("Qs", p.G * s.D),
+              ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.G * p.W));
     const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
-    const int ZK = b.scratch("ZK", s.ak ? p.WJ * J : Expr(1));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
     const int A = b.scratch("A", p.G * s.Dv);
     p.own_strip();
@@ -211,7 +236,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
         Loop::threads);
     Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
     Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
-    if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
+    if (p.projects_q()) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
     b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
         auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, Vs, ZK);
@@ -221,8 +246,9 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                 Expr i = b.let(i0 + g, "i");
                 int top = b.var(Type::f32, minus_inf);
                 p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                    Expr sc = p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ), i,
-                                       j0 + jj);
+                    Expr sc =
+                        p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ, i, j0 + jj),
+                                 i, j0 + jj);
                     b.store(S, g * J + jj, sc);
                     b.set(top, max(b.get(top), sc));
                 });
@@ -272,13 +298,14 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     const int zq_part = b.buffer("zq_part", kir::Elem::f32);
     const int zb_part = b.buffer("zb_part", kir::Elem::f32);
     const int range = b.buffer("range", kir::Elem::i64);
+    p.saved_buffers();
     const int Qs = b.scratch("Qs", p.G * s.D), dOs = b.scratch("dOs", p.G * s.Dv);
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
-    const int ZQ = b.scratch("ZQ", s.aq ? p.G * p.W : Expr(1));
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.G * p.W));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
     const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
-    const int ZK = b.scratch("ZK", s.ak ? p.WJ * J : Expr(1));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
     p.own_strip();
     Expr n = p.n;
     // The sample's reachable rows; its strips add their shares of the table gradients there.
@@ -315,7 +342,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                 if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
             },
             Loop::threads);
-        if (s.aq) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
+        if (p.projects_q()) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
             auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, Vs, ZK);
@@ -326,8 +353,9 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                     // Score gradients by offset; a saturated tile pair adds to one boundary sum.
                     int boundary = b.var(Type::f32, 0.0);
                     p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                        Expr sc = p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ),
-                                           i, j0 + jj);
+                        Expr sc = p.masked(
+                            p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ, i, j0 + jj), i,
+                            j0 + jj);
                         Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
                         Expr dp = p.dot(dOs, g * s.Dv, Vs, jj * s.Dv, s.Dv);
                         Expr gs = b.let(pr * (dp - b.load(Dg, g)) * s.scale, "gs");
@@ -381,13 +409,14 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int dk = b.buffer("dk", e), dv = b.buffer("dv", e);
     const int zk_part = b.buffer("zk_part", kir::Elem::f32);
     const int range = b.buffer("range", kir::Elem::i64);
+    p.saved_buffers();
     const int Ks = b.scratch("Ks", p.G * s.D), Vs = b.scratch("Vs", p.G * s.Dv);
-    const int ZK = b.scratch("ZK", s.ak ? p.G * p.W : Expr(1));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.G * p.W));
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
     const int Qt = b.scratch("Qt", Expr(J * s.D)), dOt = b.scratch("dOt", Expr(J * s.Dv));
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
-    const int ZQ = b.scratch("ZQ", s.aq ? p.WJ * J : Expr(1));
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.WJ * J));
     p.own_strip();
     Expr n = p.n;
     Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
@@ -415,7 +444,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 if (s.ak) b.loop(0, wk, [&](Expr w) { b.store(dZ, jj * p.W + w, 0.0); });
             },
             Loop::threads);
-        if (s.ak) p.project(ZK, p.W, Ks, cols, p.ek, klo, wk, false);
+        if (p.projects_k()) p.project(ZK, p.W, Ks, cols, p.ek, klo, wk, false);
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
             Expr i0 = b.let(first + t * J, "i0");
@@ -431,7 +460,8 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 Loop::threads);
             Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
             Expr qlo = b.let(p.row(dmin), "qlo");
-            if (s.aq) p.project(ZQ, p.WJ, Qt, rows, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
+            if (p.projects_q())
+                p.project(ZQ, p.WJ, Qt, rows, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
             Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
             b.loop(
                 0, cols,
@@ -439,8 +469,9 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                     Expr j = b.let(j0 + jj, "j");
                     int boundary = b.var(Type::f32, 0.0);
                     p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
-                        Expr sc = p.masked(p.score(Qt, ii, Ks, jj, u, ZQ, qlo, p.WJ, ZK, klo, p.W),
-                                           i0 + ii, j);
+                        Expr sc = p.masked(
+                            p.score(Qt, ii, Ks, jj, u, ZQ, qlo, p.WJ, ZK, klo, p.W, i0 + ii, j),
+                            i0 + ii, j);
                         Expr pr = b.let(exp(sc - b.load(Lt, ii)), "p");
                         b.loop(0, s.Dv, [&](Expr x) {
                             b.add_to(dV, jj * s.Dv + x, pr * b.load(dOt, ii * s.Dv + x));
@@ -481,6 +512,37 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
         }
     });
     p.store_range(range, slo, sw);
+    return b.finish();
+}
+
+kir::Kernel relpos_project_program(const RelposShape& s) {
+    Program p("relpos_project", s);
+    Builder& b = p.b;
+    p.saved_buffers();
+    const int Xs = b.scratch("Xs", p.G * s.D);
+    p.own_strip();
+    Expr i0 = p.start, n = p.n;
+    Expr rows = b.let(min(p.G, n - i0), "rows");
+    // Each token's projections onto the rows it reaches, by the same dot products (in the same
+    // order) as the strip and tile projections of the unsaved programs.
+    auto save = [&](int src, int tab, int dst, bool with_bias, bool query) {
+        p.stage(Xs, src, i0, rows, s.D);
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                Expr i = b.let(i0 + g, "i");
+                Expr lo = b.let(query ? p.q_lo(i) : p.k_lo(i), "lo");
+                Expr hi = query ? p.row(i) : p.row(n - 1 - i);
+                b.loop(0, hi - lo + 1, [&](Expr w) {
+                    Expr z = p.dot(Xs, g * s.D, tab, p.table(lo + w, 0), s.D);
+                    if (with_bias) z = z + b.load(p.eb, p.h * p.U + lo + w);
+                    b.store(dst, p.saved_at(i, lo + w, lo), z);
+                });
+            },
+            Loop::threads);
+    };
+    if (s.aq) save(p.q, p.eq, p.zqs, s.bias, true);
+    if (s.ak) save(p.k, p.ek, p.zks, false, false);
     return b.finish();
 }
 

@@ -22,13 +22,26 @@ struct RelposShape {
     bool aq, ak, bias;  // which relation terms are present
     bool causal;
     double scale;
+    // Saved projections: the projection program writes every token's relation projections
+    // once (zqs, zks), and the forward and both backward passes read them instead of
+    // projecting their strips and tiles again. See RelposOptions in jit/relpos.hpp.
+    bool saved = false;
     static constexpr std::int64_t J = 64; // the inner tile
 };
 
 // Parameters shared by the programs, in this order: heads H, Delta, rows U = 2 Delta + 1, the
 // strip G, W, the most rows a strip reaches (scratch sizing), and WP, the most rows a sample
-// reaches (the stride of table partials).
-enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_WP, P_COUNT };
+// reaches (the stride of table partials), and WS = min(longest sample, U), the stride of the
+// saved per-token projections (the most rows one token reaches).
+enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_WP, P_WS, P_COUNT };
+
+// Saved projections (shape.saved): buffers q, k, v, eq, ek, eb, tiles, zqs, zks. Token i of a
+// sample of n tokens, head h, writes zqs[((o + i) H + h) WS + u - lo_q(i)] = q_i . eq[h][u]
+// (+ eb[h][u] when the bias is present) for its reachable rows u in [lo_q(i), row(i)],
+// lo_q(i) = row(causal ? 0 : i - n + 1), and zks[... + u - lo_k(j)] = k_j . ek[h][u] for
+// u in [lo_k(j), row(n - 1 - j)], lo_k(j) = row(causal ? 0 : -j). In saved shapes the other
+// programs take zqs and zks after their own buffers.
+kir::Kernel relpos_project_program(const RelposShape& s);
 
 // Forward: buffers q, k, v, eq, ek, eb, tiles, out, lse; writes O and the row log-sum-exp.
 kir::Kernel relpos_forward_program(const RelposShape& s);

@@ -43,6 +43,7 @@ RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, cons
     s.G = 64;
     s.W = std::min(longest + s.G - 1, s.U);
     s.WP = std::max<std::int64_t>(std::min(2 * longest - 1, s.U), 1);
+    s.WS = std::max<std::int64_t>(std::min(longest, s.U), 1); // one token's reach
     for (std::int64_t b = 0; b < q.batch(); ++b) {
         const std::int64_t n = q.structure().size(b, 0),
                            o = q.structure().offsets()[std::size_t(b)];

@@ -19,7 +19,7 @@ struct RelposSetup {
     explicit RelposSetup(RelposConfig c) : cfg(std::move(c)) {}
     RelposConfig cfg;
     RelposShape shape{};
-    std::int64_t H = 0, Delta = 0, U = 0, G = 0, W = 0, WP = 0, tokens = 0;
+    std::int64_t H = 0, Delta = 0, U = 0, G = 0, W = 0, WP = 0, WS = 0, tokens = 0;
     std::vector<std::int64_t> rows_of; // expanded row u -> map row
     std::vector<std::int64_t> tiles;   // (offset, length, start) per strip of G tokens
     std::vector<std::int64_t> samples; // (offset, length, 0) per sample with tokens
@@ -30,7 +30,7 @@ struct RelposSetup {
     std::int64_t strips() const { return std::int64_t(tiles.size() / 3); }
     std::int64_t nonempty() const { return std::int64_t(samples.size() / 3); }
     // The programs' parameters, in RelposParam order.
-    std::vector<std::int64_t> params() const { return {H, Delta, U, G, W, WP}; }
+    std::vector<std::int64_t> params() const { return {H, Delta, U, G, W, WP, WS}; }
 };
 
 // Checks the inputs (relpos_check, op name `op`) and prepares everything above. `in` holds

@@ -192,9 +192,13 @@ struct System {
 };
 
 System make_system(const std::string& name) {
-    if (name == "rag fused")
-        return {[](const auto& in, const Attrs& at, std::shared_ptr<void>& st) {
-                    auto f = std::make_shared<jit::RelposForward>(jit::relpos_forward(in, at));
+    // "rag fused saved": the forward saves the relation projections for the backward
+    // (jit::RelposOptions); opt-in with --systems.
+    if (name == "rag fused" || name == "rag fused saved")
+        return {[save = name != "rag fused"](const auto& in, const Attrs& at,
+                                             std::shared_ptr<void>& st) {
+                    auto f = std::make_shared<jit::RelposForward>(
+                        jit::relpos_forward(in, at, {.save_projections = save}));
                     st = f;
                     return Run{{f->out}};
                 },
@@ -224,7 +228,8 @@ System make_system(const std::string& name) {
                     return Run{{evaluate("relpos_attention_grad", args,
                                          Attrs(at).set("wrt", std::int64_t(0)))}};
                 }};
-    throw std::runtime_error("unknown system " + name + " (rag fused, gather, materialising)");
+    throw std::runtime_error("unknown system " + name +
+                             " (rag fused, rag fused saved, gather, materialising)");
 }
 
 // REFERENCE.md section 3 for f32: relative l2 <= 1e-5 against the float64 reference.
@@ -379,8 +384,9 @@ Options parse(int argc, char** argv) {
         else
             throw std::runtime_error(
                 "usage: rag_bench_relpos [--lengths 128,...] [--tokens 16384] [--heads 12] "
-                "[--dim 64] [--mechanisms Shaw,TXL,DeBERTa,T5] [--systems 'rag fused,gather,"
-                "materialising'] [--max-n system=N] [--cap-s 60] [--check-max-n 2048] [--json F]");
+                "[--dim 64] [--mechanisms Shaw,TXL,DeBERTa,T5] [--systems 'rag fused,rag fused "
+                "saved,gather,materialising'] [--max-n system=N] [--cap-s 60] [--check-max-n 2048] "
+                "[--json F]");
     }
     return o;
 }
@@ -406,8 +412,9 @@ int main_(int argc, char** argv) {
             // Compile rag's kernels for this mechanism before any timing.
             const auto in = make_inputs(m, 1, o.lengths.front(), o);
             std::shared_ptr<void> st;
-            const System fused = make_system("rag fused");
-            if (std::count(o.systems.begin(), o.systems.end(), "rag fused")) {
+            for (const char* name : {"rag fused", "rag fused saved"}) {
+                if (!std::count(o.systems.begin(), o.systems.end(), name)) continue;
+                const System fused = make_system(name);
                 fused.fwd(in, m.attrs, st);
                 fused.bwd(in, tokens(m.name, "dO", 1, o.lengths.front(), o.H, o.D), m.attrs, st);
             }

@@ -395,6 +395,47 @@ TEST(RelposFused, BackwardRecomputesTheForwardWhenNotGiven) {
     }
 }
 
+// Saving the relation projections in the forward (RelposOptions) changes where the backward
+// reads them from, not their values: each is the same f32 dot product in the same order, and
+// every later operation is the same, so O, the log-sum-exp and every gradient are bitwise
+// those of the recomputing path. Covers aq only (Shaw clip), aq and ak (DeBERTa log buckets),
+// aq, ak and bias over an identity map (Transformer-XL) and a bias-only map (T5, nothing to
+// save), bidirectional and causal, ragged lengths including 1 and 65. Bitwise equality to the
+// recomputing path, which the tests above check against the reference, implies the criterion.
+TEST(RelposFused, SavedProjectionsGiveBitwiseTheRecomputedResults) {
+    const Dims dm;
+    const std::vector<std::int64_t> lengths = {65, 1, 130, 0, 63};
+    const jit::RelposOptions save{.save_projections = true};
+    for (const auto& m : four_mechanisms(dm, longest(lengths)))
+        for (bool causal : {false, true}) {
+            SCOPED_TRACE(case_name(m, DType::f32, causal));
+            const Attrs at = Attrs(m.attrs).set("causal", causal);
+            const auto in = cast(make_inputs(m, lengths, dm), DType::f32);
+            const auto dO = tokens(dm.H, dm.Dv, lengths, DType::f32);
+            auto fwd = jit::relpos_forward(in, at);
+            auto recomputed = jit::relpos_backward(in, dO, at, &fwd);
+            auto fwd_saved = jit::relpos_forward(in, at, save);
+            EXPECT_FALSE(fwd.saved);
+            EXPECT_EQ(fwd_saved.saved, m.aq || m.ak) << "saved only where there is a projection";
+            auto with_saved = jit::relpos_backward(in, dO, at, &fwd_saved);
+            const auto want = bytes_of(fwd, recomputed);
+            const auto names = input_names(m);
+            const auto got = bytes_of(fwd_saved, with_saved);
+            ASSERT_EQ(got.size(), want.size());
+            for (std::size_t x = 0; x < want.size(); ++x)
+                EXPECT_TRUE(got[x] == want[x])
+                    << (x == 0   ? "O"
+                        : x == 1 ? "lse"
+                                 : "d" + names[x - 2])
+                    << " differs between saved and recomputed projections";
+            // Without a forward, the backward's own forward saves as asked.
+            jit::RelposOnCpu step(in, at, save);
+            step.forward();
+            EXPECT_TRUE(bytes_of(fwd, step.backward(dO)) == want);
+            EXPECT_TRUE(bytes_of(fwd, jit::relpos_backward(in, dO, at, nullptr, save)) == want);
+        }
+}
+
 // Peak bytes the runtime's accounting saw above what was held before fn ran.
 template <class Fn> std::size_t peak_extra(Fn&& fn) {
     memory::reset_peak();
