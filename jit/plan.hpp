@@ -1,11 +1,11 @@
 // Kernel plans: how a function runs on the CPU tier. Runs of consecutive elementwise nodes of
 // one shape and float dtype become one fused loop over the packed storage (compiled by LLVM);
 // `x @ W` over packed rows and its weight gradient (x^T g summed over all rows) become one BLAS
-// GEMM each; `sum`/`mean` (over one axis or globally), their gradients and `sum_to` run as
-// segmented loops (jit/segmented.hpp); layernorm/rmsnorm and their gradients as row loops
-// (jit/rowwise.hpp); attention and its gradients as per-(sample, head) GEMMs
-// (jit/attention_cpu.hpp); index/index_grad/transpose that move no data or whole rows as views or
-// row copies (jit/layout.hpp); every other op runs its reference kernel.
+// GEMM each; `sum`/`mean` (over one axis or globally), `max`/`min`/`softmax`/`logsumexp` over
+// one axis, their gradients and `sum_to` run as segmented loops (jit/segmented.hpp);
+// layernorm/rmsnorm and their gradients as row loops (jit/rowwise.hpp); attention and its gradients
+// as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose that move no data
+// or whole rows as views or row copies (jit/layout.hpp); every other op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
 #include "ir/ir.hpp"

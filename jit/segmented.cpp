@@ -1,6 +1,8 @@
 #include "jit/segmented.hpp"
 
+#include "jit/elementwise_llvm.hpp"
 #include "jit/llvm_jit.hpp"
+#include "jit/llvm_loops.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
@@ -10,7 +12,9 @@
 #include <llvm/IR/Verifier.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
+#include <numeric>
 
 namespace rag::jit {
 namespace {
@@ -248,6 +252,371 @@ template <class T> void fill(RaggedTensor& t, double v) {
                  [&](std::int64_t b, std::int64_t e) { std::fill(d + b, d + e, T(v)); });
 }
 
+// ---- max/min, softmax, logsumexp and their gradients over one per-sample axis ----------------
+//
+// The same segment entries as the sums; each (outer, inner) position is a *line* of n elements
+// reduced in place. Lines with inner = 1 (the reduced axis innermost, the usual case) run with
+// the reduction in registers: max/min over explicit vectors of W lanes, sums with `reassoc` so
+// the vectoriser reorders them; lines with inner > 1 keep their accumulators in small-side
+// buffers and run (r, j) loops that vectorise over j. Semantics are those of
+// ir/ops/reduction.cpp: NaN propagates through max/min, softmax/logsumexp shift by the line's
+// max over non-NaN entries when finite (else 0), an empty max (min) is -inf (+inf), an empty
+// logsumexp -inf, and the max/min gradient goes to the first matching position along the axis.
+
+enum class LineOp : int {
+    max,
+    min,
+    softmax,
+    logsumexp,
+    softmax_grad,
+    logsumexp_grad,
+    extreme_grad
+};
+constexpr int line_ops = 7;
+
+// k(nseg, seg, a, b, c, d); "big" buffers have x's structure, "small" ones one element per line:
+//   max, min:        a = x, b = y (small)
+//   softmax:         a = x, b = y (big), c = shift (small scratch), d = sum (small scratch)
+//   logsumexp:       a = x, b = y (small), c = shift (small scratch)
+//   softmax_grad:    a = y, b = g, c = dx (big), d = dot (small scratch)
+//   logsumexp_grad:  a = x, b = y (small), c = g (small), d = dx
+//   extreme_grad:    a = x, b = y (small), c = g (small), d = dx   (reduce_grad of max/min)
+using LineKernel = void (*)(std::int64_t nseg, const std::int64_t* seg, void* a, void* b, void* c,
+                            void* d);
+
+void emit_line_kernel(llvm::Module& m, const std::string& name, bool f32, LineOp op) {
+    auto& ctx = m.getContext();
+    auto* i64t = llvm::Type::getInt64Ty(ctx);
+    auto* ptr = llvm::PointerType::get(ctx, 0);
+    LoopBuilder L(m, name, {i64t, ptr, ptr, ptr, ptr, ptr});
+    auto& b = L.b;
+    llvm::Type* t = f32 ? b.getFloatTy() : b.getDoubleTy();
+    const unsigned W = f32 ? 8 : 4; // lanes of the explicit max/min vectors
+    auto* vt = llvm::FixedVectorType::get(t, W);
+    llvm::Value *nseg = L.arg(0), *seg = L.arg(1), *A = L.arg(2), *B = L.arg(3), *C = L.arg(4),
+                *D = L.arg(5);
+    const double inf = std::numeric_limits<double>::infinity();
+    auto c = [&](double v) { return llvm::ConstantFP::get(t, v); };
+    auto ld = [&](llvm::Value* p, llvm::Value* i) { return L.load(t, p, i); };
+    auto st = [&](llvm::Value* v, llvm::Value* p, llvm::Value* i) { L.store(v, p, i); };
+    auto exp = [&](llvm::Value* x) { return host_math().call(b, m, MathFn::exp, {x}); };
+    auto log = [&](llvm::Value* x) { return host_math().call(b, m, MathFn::log, {x}); };
+    auto finite = [&](llvm::Value* v) { return b.CreateFCmpOEQ(b.CreateFSub(v, v), c(0)); };
+    auto isnan = [&](llvm::Value* v) { return b.CreateFCmpUNO(v, v); };
+    // then() when cond holds, else other().
+    auto branch = [&](llvm::Value* cond, const std::function<void()>& then,
+                      const std::function<void()>& other) {
+        auto* tb = llvm::BasicBlock::Create(ctx, "then", L.fn);
+        auto* eb = llvm::BasicBlock::Create(ctx, "else", L.fn);
+        auto* jb = llvm::BasicBlock::Create(ctx, "join", L.fn);
+        b.CreateCondBr(cond, tb, eb);
+        b.SetInsertPoint(tb);
+        then();
+        b.CreateBr(jb);
+        b.SetInsertPoint(eb);
+        other();
+        b.CreateBr(jb);
+        b.SetInsertPoint(jb);
+    };
+    L.loop(L.i64(0), nseg, [&](llvm::Value* s) {
+        auto field = [&](int k) {
+            return L.load(i64t, seg, b.CreateAdd(b.CreateMul(s, L.i64(5)), L.i64(k)));
+        };
+        llvm::Value *big_base = field(0), *small_base = field(1), *outer = field(2), *n = field(3),
+                    *inner = field(4);
+        L.loop(L.i64(0), outer, [&](llvm::Value* o) {
+            llvm::Value* sr = b.CreateAdd(small_base, b.CreateMul(o, inner));
+            llvm::Value* bb = b.CreateAdd(big_base, b.CreateMul(b.CreateMul(o, n), inner));
+            // inner = 1: element r of the line is big[bb + r], its result small[sr].
+            auto over_line = [&](const std::function<void(llvm::Value*)>& body) {
+                L.loop(L.i64(0), n, [&](llvm::Value* r) { body(b.CreateAdd(bb, r)); });
+            };
+            auto sum_line = [&](const std::function<llvm::Value*(llvm::Value*)>& term) {
+                return L.reduce(L.i64(0), n, {c(0)},
+                                [&](llvm::Value* r, const std::vector<llvm::Value*>& acc) {
+                                    return std::vector<llvm::Value*>{
+                                        L.add_reassoc(acc[0], term(b.CreateAdd(bb, r)))};
+                                })[0];
+            };
+            // The max (min) of the line's non-NaN entries (+-inf if none) and whether it has a
+            // NaN: W lanes at a time, then the tail.
+            auto extreme_line = [&](bool min) {
+                const auto id = min ? llvm::Intrinsic::minnum : llvm::Intrinsic::maxnum;
+                llvm::Value* init = c(min ? inf : -inf);
+                llvm::Value* chunks = b.CreateSDiv(n, L.i64(W));
+                auto* mask_t = llvm::FixedVectorType::get(b.getInt1Ty(), W);
+                auto v = L.reduce(
+                    L.i64(0), chunks,
+                    {b.CreateVectorSplat(W, init), llvm::Constant::getNullValue(mask_t)},
+                    [&](llvm::Value* k, const std::vector<llvm::Value*>& acc) {
+                        llvm::Value* p =
+                            b.CreateGEP(t, A, b.CreateAdd(bb, b.CreateMul(k, L.i64(W))));
+                        llvm::Value* x = b.CreateAlignedLoad(vt, p, llvm::Align(f32 ? 4 : 8));
+                        return std::vector<llvm::Value*>{b.CreateBinaryIntrinsic(id, acc[0], x),
+                                                         b.CreateOr(acc[1], isnan(x))};
+                    });
+                llvm::Value* e = min ? b.CreateFPMinReduce(v[0]) : b.CreateFPMaxReduce(v[0]);
+                llvm::Value* any = b.CreateOrReduce(v[1]);
+                return L.reduce(b.CreateMul(chunks, L.i64(W)), n, {e, any},
+                                [&](llvm::Value* r, const std::vector<llvm::Value*>& acc) {
+                                    llvm::Value* x = ld(A, b.CreateAdd(bb, r));
+                                    return std::vector<llvm::Value*>{
+                                        b.CreateBinaryIntrinsic(id, acc[0], x),
+                                        b.CreateOr(acc[1], isnan(x))};
+                                });
+            };
+            // inner > 1: every (r, j) at big[bb + r * inner + j], its line's small[sr + j].
+            auto over_plane = [&](const std::function<void(llvm::Value*, llvm::Value*)>& body) {
+                L.loop(L.i64(0), n, [&](llvm::Value* r) {
+                    llvm::Value* row = b.CreateAdd(bb, b.CreateMul(r, inner));
+                    L.loop(L.i64(0), inner,
+                           [&](llvm::Value* j) { body(b.CreateAdd(row, j), b.CreateAdd(sr, j)); });
+                });
+            };
+            auto over_small = [&](const std::function<void(llvm::Value*)>& body) {
+                L.loop(L.i64(0), inner, [&](llvm::Value* j) { body(b.CreateAdd(sr, j)); });
+            };
+            auto shift = [&](llvm::Value* mx) { return b.CreateSelect(finite(mx), mx, c(0)); };
+            llvm::Value* line = b.CreateICmpEQ(inner, L.i64(1));
+            switch (op) {
+            case LineOp::max:
+            case LineOp::min: {
+                const bool min = op == LineOp::min;
+                const auto id = min ? llvm::Intrinsic::minnum : llvm::Intrinsic::maxnum;
+                branch(
+                    line,
+                    [&] {
+                        auto r = extreme_line(min);
+                        st(b.CreateSelect(r[1], llvm::ConstantFP::getNaN(t), r[0]), B, sr);
+                    },
+                    [&] {
+                        over_small([&](llvm::Value* k) { st(c(min ? inf : -inf), B, k); });
+                        over_plane([&](llvm::Value* i, llvm::Value* k) {
+                            llvm::Value *a = ld(B, k), *x = ld(A, i);
+                            st(b.CreateSelect(b.CreateFCmpUNO(a, x), llvm::ConstantFP::getNaN(t),
+                                              b.CreateBinaryIntrinsic(id, a, x)),
+                               B, k);
+                        });
+                    });
+                break;
+            }
+            case LineOp::softmax:
+            case LineOp::logsumexp: {
+                const bool soft = op == LineOp::softmax;
+                branch(
+                    line,
+                    [&] {
+                        llvm::Value* sh = shift(extreme_line(false)[0]);
+                        llvm::Value* sum = sum_line([&](llvm::Value* i) {
+                            llvm::Value* e = exp(b.CreateFSub(ld(A, i), sh));
+                            if (soft) st(e, B, i);
+                            return e;
+                        });
+                        if (soft)
+                            over_line(
+                                [&](llvm::Value* i) { st(b.CreateFDiv(ld(B, i), sum), B, i); });
+                        else
+                            st(b.CreateFAdd(sh, log(sum)), B, sr);
+                    },
+                    [&] {
+                        llvm::Value* sums = soft ? D : B;
+                        over_small([&](llvm::Value* k) { st(c(-inf), C, k); });
+                        over_plane([&](llvm::Value* i, llvm::Value* k) {
+                            st(b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, ld(C, k), ld(A, i)),
+                               C, k);
+                        });
+                        over_small([&](llvm::Value* k) {
+                            st(shift(ld(C, k)), C, k);
+                            st(c(0), sums, k);
+                        });
+                        over_plane([&](llvm::Value* i, llvm::Value* k) {
+                            llvm::Value* e = exp(b.CreateFSub(ld(A, i), ld(C, k)));
+                            if (soft) st(e, B, i);
+                            st(b.CreateFAdd(ld(sums, k), e), sums, k);
+                        });
+                        if (soft)
+                            over_plane([&](llvm::Value* i, llvm::Value* k) {
+                                st(b.CreateFDiv(ld(B, i), ld(D, k)), B, i);
+                            });
+                        else
+                            over_small([&](llvm::Value* k) {
+                                st(b.CreateFAdd(ld(C, k), log(ld(B, k))), B, k);
+                            });
+                    });
+                break;
+            }
+            case LineOp::softmax_grad:
+                branch(
+                    line,
+                    [&] {
+                        llvm::Value* dot = sum_line(
+                            [&](llvm::Value* i) { return b.CreateFMul(ld(B, i), ld(A, i)); });
+                        over_line([&](llvm::Value* i) {
+                            st(b.CreateFMul(ld(A, i), b.CreateFSub(ld(B, i), dot)), C, i);
+                        });
+                    },
+                    [&] {
+                        over_small([&](llvm::Value* k) { st(c(0), D, k); });
+                        over_plane([&](llvm::Value* i, llvm::Value* k) {
+                            st(b.CreateFAdd(ld(D, k), b.CreateFMul(ld(B, i), ld(A, i))), D, k);
+                        });
+                        over_plane([&](llvm::Value* i, llvm::Value* k) {
+                            st(b.CreateFMul(ld(A, i), b.CreateFSub(ld(B, i), ld(D, k))), C, i);
+                        });
+                    });
+                break;
+            case LineOp::logsumexp_grad: {
+                // g exp(x - y), 0 where y = -inf.
+                auto grad = [&](llvm::Value* i, llvm::Value* k) {
+                    llvm::Value *y = ld(B, k), *g = ld(C, k);
+                    st(b.CreateSelect(b.CreateFCmpUNE(y, c(-inf)),
+                                      b.CreateFMul(g, exp(b.CreateFSub(ld(A, i), y))), c(0)),
+                       D, i);
+                };
+                branch(
+                    line, [&] { over_line([&](llvm::Value* i) { grad(i, sr); }); },
+                    [&] { over_plane(grad); });
+                break;
+            }
+            case LineOp::extreme_grad: {
+                // Zeros, then g at the first position of each line equal to y (or both NaN).
+                L.loop(L.i64(0), b.CreateMul(n, inner),
+                       [&](llvm::Value* e) { st(c(0), D, b.CreateAdd(bb, e)); });
+                L.loop(L.i64(0), inner, [&](llvm::Value* j) {
+                    llvm::Value* k = b.CreateAdd(sr, j);
+                    llvm::Value* y = ld(B, k);
+                    llvm::Value* found = L.reduce(
+                        L.i64(0), n, {L.i64(-1)},
+                        [&](llvm::Value* r, const std::vector<llvm::Value*>& acc) {
+                            llvm::Value* x =
+                                ld(A, b.CreateAdd(bb, b.CreateAdd(b.CreateMul(r, inner), j)));
+                            llvm::Value* match =
+                                b.CreateOr(b.CreateFCmpOEQ(x, y), b.CreateAnd(isnan(x), isnan(y)));
+                            return std::vector<llvm::Value*>{b.CreateSelect(
+                                b.CreateAnd(b.CreateICmpSLT(acc[0], L.i64(0)), match), r, acc[0])};
+                        })[0];
+                    branch(
+                        b.CreateICmpSGE(found, L.i64(0)),
+                        [&] {
+                            st(ld(C, k), D,
+                               b.CreateAdd(bb, b.CreateAdd(b.CreateMul(found, inner), j)));
+                        },
+                        [] {});
+                });
+                break;
+            }
+            }
+        });
+    });
+    L.finish();
+}
+
+// The 14 line kernels (7 ops x f32/f64), compiled once per process on first use.
+LineKernel line_kernel(bool f32, LineOp op) {
+    static std::once_flag once;
+    static LineKernel table[2 * line_ops];
+    std::call_once(once, [] {
+        auto ctx = std::make_unique<llvm::LLVMContext>();
+        auto m = new_module("rag_lines", *ctx);
+        for (int k = 0; k < 2 * line_ops; ++k)
+            emit_line_kernel(*m, "rag_lines_" + std::to_string(k), k & 1, LineOp(k / 2));
+        std::string err;
+        llvm::raw_string_ostream es(err);
+        if (llvm::verifyModule(*m, &es)) fail("internal: line kernels: ", es.str());
+        auto addrs = add_module(std::move(m), std::move(ctx), 2 * line_ops, "rag_lines_");
+        for (int k = 0; k < 2 * line_ops; ++k)
+            table[k] = reinterpret_cast<LineKernel>(addrs[std::size_t(k)]);
+    });
+    return table[2 * int(op) + (f32 ? 1 : 0)];
+}
+
+bool is_line_op(const ir::Node& n) {
+    if (n.op == "max" || n.op == "min" || n.op == "softmax" || n.op == "logsumexp" ||
+        n.op == "softmax_grad" || n.op == "logsumexp_grad")
+        return true;
+    if (n.op != "reduce_grad") return false;
+    const std::string kind = n.attrs.get_str("kind");
+    return kind == "max" || kind == "min";
+}
+
+// The structure of reducing x along p (the reference's result structure).
+StructurePtr reduced(const Structure& x, const AxisPlan& p) {
+    Shape s = p.whole_sample ? Shape{true, {}} : x.shape();
+    std::vector<std::int64_t> sizes;
+    if (!p.whole_sample) {
+        s.axes.erase(s.axes.begin() + p.axis);
+        for (std::int64_t i = 0; i < x.batch(); ++i) {
+            auto xs = x.sample_shape(i);
+            for (int a = 0; a < int(xs.size()); ++a)
+                if (a != p.axis) sizes.push_back(xs[std::size_t(a)]);
+        }
+    }
+    return Structure::make(s, x.batch(), sizes);
+}
+
+bool identity_order(const Structure& x) {
+    for (int a = 0; a < int(x.dim_order().size()); ++a)
+        if (x.dim_order()[std::size_t(a)] != a) return false;
+    return true;
+}
+
+// Runs a line op, or returns nullopt when its runtime arguments need the reference kernel
+// (structures that disagree, which it reports, or the first extremal position of a whole
+// sample stored in another order than the logical one).
+std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
+    const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    const bool f32 = n.type.dtype == DType::f32;
+    const AxisPlan p = *axis_plan(x.shape(), n.attrs);
+    // Storage puts ragged axes first, then the others, each in logical order, so dropping the
+    // reduced axis keeps the small side's storage order; only the first extremal position of
+    // a whole sample (reduce_grad with axis=0) needs storage order to be logical order.
+    if (n.op == "reduce_grad" && p.whole_sample && !identity_order(x.structure()))
+        return std::nullopt;
+    StructurePtr small = reduced(x.structure(), p);
+    auto seg = segments(x.structure(), *small, p);
+    auto run = [&](LineOp op, const void* a, const void* b_, const void* c, const void* d) {
+        LineKernel k = line_kernel(f32, op);
+        const std::int64_t count = std::int64_t(seg.size() / 5);
+        parallel_for(count, 1, [&](std::int64_t b, std::int64_t e) {
+            k(e - b, seg.data() + 5 * b, const_cast<void*>(a), const_cast<void*>(b_),
+              const_cast<void*>(c), const_cast<void*>(d));
+        });
+    };
+    auto agrees = [&](int arg, const Structure& want) {
+        return vals[std::size_t(n.args[std::size_t(arg)])].structure().same_as(want);
+    };
+    if (n.op == "max" || n.op == "min") {
+        RaggedTensor y = uninitialized(n.type.dtype, small);
+        run(n.op == "max" ? LineOp::max : LineOp::min, x.data(), y.mutable_data(), nullptr,
+            nullptr);
+        return y;
+    }
+    if (n.op == "softmax" || n.op == "logsumexp") {
+        const bool soft = n.op == "softmax";
+        RaggedTensor y = uninitialized(n.type.dtype, soft ? x.structure_ptr() : small);
+        RaggedTensor shifts = uninitialized(n.type.dtype, small);
+        RaggedTensor sums = soft ? uninitialized(n.type.dtype, small) : RaggedTensor();
+        run(soft ? LineOp::softmax : LineOp::logsumexp, x.data(), y.mutable_data(),
+            shifts.mutable_data(), soft ? sums.mutable_data() : nullptr);
+        return y;
+    }
+    if (n.op == "softmax_grad") {
+        if (!agrees(1, x.structure())) return std::nullopt;
+        RaggedTensor dx = uninitialized(n.type.dtype, x.structure_ptr());
+        RaggedTensor dots = uninitialized(n.type.dtype, small);
+        run(LineOp::softmax_grad, x.data(), vals[std::size_t(n.args[1])].data(), dx.mutable_data(),
+            dots.mutable_data());
+        return dx;
+    }
+    // logsumexp_grad and reduce_grad of max/min: (x, y, g), y and g with the small structure.
+    if (!agrees(1, *small) || !agrees(2, *small)) return std::nullopt;
+    RaggedTensor dx = uninitialized(n.type.dtype, x.structure_ptr());
+    run(n.op == "logsumexp_grad" ? LineOp::logsumexp_grad : LineOp::extreme_grad, x.data(),
+        vals[std::size_t(n.args[1])].data(), vals[std::size_t(n.args[2])].data(),
+        dx.mutable_data());
+    return dx;
+}
+
 } // namespace
 
 bool is_segmented(const ir::Function& f, const ir::Node& n) {
@@ -255,17 +624,31 @@ bool is_segmented(const ir::Function& f, const ir::Node& n) {
     if (t != DType::f32 && t != DType::f64) return false;
     const Shape& x = f.type(n.args[0]).shape;
     if (n.op == "sum" || n.op == "mean") return !n.attrs.has("axis") || axis_plan(x, n.attrs);
-    if (n.op == "reduce_grad") {
+    if (n.op == "reduce_grad" && !is_line_op(n)) {
         const std::string kind = n.attrs.get_str("kind");
         return (kind == "sum" || kind == "mean") && (!n.attrs.has("axis") || axis_plan(x, n.attrs));
     }
     if (n.op == "sum_to")
         return f.type(n.args[0]).dtype == t && sum_to_plan(x, f.type(n.args[1]).shape).has_value();
+    if (is_line_op(n)) {
+        // max/min (and their gradients) over one axis, including a whole sample; softmax and
+        // logsumexp over one per-sample axis (the batch axis is the reference's error).
+        if (!n.attrs.has("axis")) return false;
+        const auto p = axis_plan(x, n.attrs);
+        const bool extreme = n.op == "max" || n.op == "min" || n.op == "reduce_grad";
+        return p && (extreme || !p->whole_sample);
+    }
     return false;
 }
 
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
     const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    if (is_line_op(n)) {
+        if (auto y = run_lines(n, vals)) return *y;
+        std::vector<RaggedTensor> args;
+        for (int a : n.args) args.push_back(vals[std::size_t(a)]);
+        return evaluate(n.op, args, n.attrs);
+    }
     const bool f32 = n.type.dtype == DType::f32;
     if (n.op == "sum_to") {
         const RaggedTensor& like = vals[std::size_t(n.args[1])];

@@ -1,5 +1,7 @@
 // Segmented reductions on the CPU tier: `sum`/`mean` over one axis (a ragged, static or the
-// whole sample) and their gradients, as LLVM loop nests over per-sample segments. Every
+// whole sample) and their gradients, `max`/`min` (over one axis or a whole sample),
+// `softmax`/`logsumexp` (over one per-sample axis) and their gradients (`reduce_grad` of
+// max/min, `softmax_grad`, `logsumexp_grad`), as LLVM loop nests over per-sample segments. Every
 // sample's block is row-major in storage order, so reducing one axis is, per sample, a loop
 // over (outer, n, inner) extents that the host reads off the structure: nothing compiled
 // depends on a length. Internal to jit/.
@@ -8,7 +10,8 @@
 
 namespace rag::jit {
 
-// Whether node n (sum/mean with axis=, or their reduce_grad) runs as a segmented loop.
+// Whether node n (one of the ops above, f32/f64, with axis= on a batched value; sum/mean also
+// without) runs as a segmented loop.
 bool is_segmented(const ir::Function& f, const ir::Node& n);
 // Runs it; `vals` holds its arguments.
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);

@@ -3,11 +3,15 @@
 // copies, and pair-creating broadcasts read through index maps. Each one is checked against
 // the reference interpreter (f32 relative l2 <= 1e-5) on ragged lengths that include 0 and 1,
 // in the square, rectangular and non-leading pair layouts.
+#include "dsl/module.hpp"
+#include "frontend/lower.hpp"
 #include "jit/cpu_jit.hpp"
 #include "runtime/parallel.hpp"
 #include "tests/jit/tiers.hpp"
 #include "tests/support/testing.hpp"
 
+#include <cmath>
+#include <limits>
 #include <sstream>
 
 namespace rag {
@@ -290,6 +294,165 @@ TEST(CompiledOps, AttentionAndItsGradientsArePerSampleGemms) {
                 for (auto lengths : {with_0_and_1, std::vector<std::int64_t>{40, 17, 1}})
                     expect_tiers_agree(f, inputs_for(f, lengths));
             }
+}
+
+// Random values with t's structure (a cotangent for a value the function computes).
+RaggedTensor like(const RaggedTensor& t, double lo = -1.0, double hi = 1.0) {
+    std::vector<double> v(static_cast<std::size_t>(t.numel()));
+    for (double& e : v) e = uniform(lo, hi);
+    return RaggedTensor::from_f64(t.dtype(), t.structure_ptr(), v);
+}
+
+// max, min, softmax and logsumexp over one axis (ragged, static, or a whole sample for max and
+// min) and the gradient ops autodiff emits for them run as segmented line loops, agreeing with
+// the interpreter on lengths with 0, 1, all-equal and long lines (more than a vector of lanes,
+// plus a tail); max/min also on inputs full of ties (the gradient goes to the first).
+TEST(CompiledOps, MaxMinSoftmaxLogsumexpAndTheirGradientsAreSegmented) {
+    const std::pair<const char*, std::vector<std::int64_t>> layouts[] = {
+        {"~N", {1, 0}},        {"~N, 4", {1, 2, -1}},       {"~N, ~N, 3", {1, 2, 3, 0}},
+        {"~N, ~M, 2", {1, 2}}, {"3, ~H, ~W", {0, 1, 2, 3}}, {"5", {1}}};
+    const std::vector<std::vector<std::int64_t>> batches = {
+        {3, 0, 5, 1, 19}, {4, 4, 4}, {1}, {0, 0}};
+    for (DType t : {DType::f32, DType::f64})
+        for (const auto& [axes, over] : layouts)
+            for (std::int64_t axis : over)
+                for (const char* op : {"max", "min", "softmax", "logsumexp"}) {
+                    const bool extreme = op[0] == 'm';
+                    if (!extreme && axis == 0) continue; // softmax over the batch axis: an error
+                    SCOPED_TRACE(std::string(dtype_name(t)) + " " + op + " over axis " +
+                                 std::to_string(axis) + " of " + axes);
+                    ir::Function f;
+                    f.name = op;
+                    ir::Builder b(f);
+                    const int x = b.input(ragged(t, axes), "x");
+                    Attrs at{{"axis", axis}};
+                    const int y = b.op(op, {x}, at);
+                    const std::string sop = op;
+                    const int g = b.input(sop == "softmax" ? f.type(x) : f.type(y), "g");
+                    int dx;
+                    if (extreme) {
+                        Attrs gat = at;
+                        dx = b.op("reduce_grad", {x, y, g}, gat.set("kind", sop));
+                    } else if (sop == "softmax") {
+                        dx = b.op("softmax_grad", {y, g}, at);
+                    } else {
+                        dx = b.op("logsumexp_grad", {x, y, g}, at);
+                    }
+                    f.outputs = {y, dx};
+                    EXPECT_EQ(kinds(f), "segmented segmented");
+                    ir::Function fwd = f;
+                    fwd.outputs = {y};
+                    fwd.inputs = {x};
+                    fwd = ir::eliminate_dead_code(fwd);
+                    for (const auto& lengths : batches)
+                        for (bool ties : {false, true}) {
+                            if (ties && !extreme) continue;
+                            RaggedTensor xs = random_for(ragged(t, axes), lengths);
+                            if (ties) { // values in {-1, -0.5, 0, 0.5, 1}: many equal maxima
+                                auto v = xs.to_f64();
+                                for (double& e : v) e = std::round(2 * e) / 2;
+                                xs = RaggedTensor::from_f64(t, xs.structure_ptr(), v);
+                            }
+                            const RaggedTensor ys = ir::interpret(fwd, {xs})[0];
+                            expect_tiers_agree(f, {xs, like(sop == "softmax" ? xs : ys)},
+                                               t == DType::f32 ? 1e-5 : 1e-12);
+                        }
+                }
+}
+
+// NaN propagates through max and min, an empty max is -inf and an empty logsumexp -inf, as in
+// the reference kernels; the gradients of a NaN maximum go to the first NaN.
+TEST(CompiledOps, LineReductionsKeepTheReferenceNaNAndEmptyRules) {
+    for (DType t : {DType::f32, DType::f64})
+        for (const char* op : {"max", "min", "logsumexp"}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + " " + op);
+            ir::Function f;
+            f.name = op;
+            ir::Builder b(f);
+            const int x = b.input(ragged(t, "~N, 2"), "x");
+            Attrs at{{"axis", std::int64_t(1)}};
+            const int y = b.op(op, {x}, at);
+            const int g = b.input(f.type(y), "g");
+            Attrs gat = at;
+            const std::string sop = op;
+            f.outputs = {y, sop == "logsumexp"
+                                ? b.op("logsumexp_grad", {x, y, g}, at)
+                                : b.op("reduce_grad", {x, y, g}, gat.set("kind", sop))};
+            // Sample 0: 11 rows with NaN in column 0 at rows 3 and 9 (and +inf at row 5 of
+            // column 1); sample 1 is empty; sample 2 one row.
+            RaggedTensor xs = random_batch(t, "~N, 2", {{11, 2}, {0, 2}, {1, 2}});
+            auto v = xs.to_f64();
+            v[3 * 2] = v[9 * 2] = std::nan("");
+            v[5 * 2 + 1] = std::numeric_limits<double>::infinity();
+            xs = RaggedTensor::from_f64(t, xs.structure_ptr(), v);
+            ir::Function fwd = f;
+            fwd.outputs = {y};
+            fwd.inputs = {x};
+            const RaggedTensor ys = ir::interpret(ir::eliminate_dead_code(fwd), {xs})[0];
+            const std::vector<RaggedTensor> in = {xs, like(ys)};
+            auto want = ir::interpret(f, in);
+            auto got = jit::compile_cpu(f)->run(in);
+            ASSERT_EQ(got.size(), 2u);
+            for (std::size_t k = 0; k < 2; ++k) {
+                auto a = got[k].to_f64(), w = want[k].to_f64();
+                ASSERT_EQ(a.size(), w.size());
+                for (std::size_t e = 0; e < a.size(); ++e)
+                    if (a[e] == w[e]) // infinities included
+                        continue;
+                    else if (std::isnan(w[e]))
+                        EXPECT_TRUE(std::isnan(a[e])) << "output " << k << " element " << e;
+                    else
+                        EXPECT_NEAR(a[e], w[e], 1e-6 * (1 + std::abs(w[e])))
+                            << "output " << k << " element " << e;
+            }
+        }
+}
+
+// A train_step derived by the language: softmax, logsumexp, max and min over a ragged axis (the
+// (r, j) plane loops) and over the static last axis (the register line loops), and the gradient
+// ops autodiff emits for them, all run compiled, agree with the interpreter and compile once
+// across length vectors with 0, 1 and all-equal lengths.
+TEST(CompiledOps, DerivedTrainStepWithSoftmaxMaxMinLogsumexpRunsCompiledOnce) {
+    const char* src = R"(
+        fn loss(x: f32[B, ~N, 8], w: f32[8, 8]) -> f32[] {
+            let s = x @ w
+            return sum(softmax(s, axis=1) * x) + sum(softmax(s, axis=2) * s)
+                + sum(logsumexp(s, axis=1)) + sum(logsumexp(s * x, axis=2))
+                + sum(max(s, axis=1)) - sum(min(s, axis=2)) + sum(max(s, axis=0))
+        }
+        fn train_step(x: f32[B, ~N, 8], w: f32[8, 8]) -> (f32[], f32[8, 8]) {
+            let (l, g) = value_and_grad(loss, wrt=w)(x, w)
+            return (l, g)
+        })";
+    auto m = Module::compile(src);
+    Diagnostics diags(*m->program().units[0].src);
+    auto lowered = frontend::lower(m->program(), "train_step", std::nullopt, diags);
+    ASSERT_TRUE(lowered) << diags.str();
+    const ir::Function& f = lowered->fn;
+    const jit::Plan plan = jit::compile_cpu(f)->plan();
+    int lines = 0;
+    for (const jit::Step& st : plan.steps) {
+        if (st.kind == jit::Step::Kind::fused) continue;
+        const ir::Node& n = f.nodes[std::size_t(st.index)];
+        const bool line_op = n.op == "softmax" || n.op == "softmax_grad" || n.op == "logsumexp" ||
+                             n.op == "logsumexp_grad" || n.op == "max" || n.op == "min" ||
+                             (n.op == "reduce_grad" && (n.attrs.get_str("kind") == "max" ||
+                                                        n.attrs.get_str("kind") == "min"));
+        if (!line_op) continue;
+        ++lines;
+        EXPECT_EQ(st.kind, jit::Step::Kind::segmented) << "%" << st.index << " = " << n.op;
+    }
+    EXPECT_EQ(lines, 14); // 7 forward ops and their 7 gradients
+    const std::vector<std::vector<std::int64_t>> batches = {
+        {5, 17, 9}, {4, 4, 4}, {0, 3, 1}, {1}, {2, 2}, {7, 0, 0, 2}, {3, 1, 4, 1}, {6, 40}};
+    const RaggedTensor w = random_for(dense(DType::f32, "8, 8"), {});
+    for (const auto& lengths : batches) {
+        const RaggedTensor x = random_for(ragged(DType::f32, "~N, 8"), lengths);
+        expect_tiers_agree(f, {x, w});
+        m->call("train_step", {x, w});
+    }
+    EXPECT_EQ(m->stats().at("train_step").compilations, 1);
+    EXPECT_EQ(m->stats().at("train_step").cache_hits, int(batches.size()) - 1);
 }
 
 // Operands whose runtime extents disagree get the reference kernel's error naming the sample.
