@@ -68,6 +68,7 @@ class GroupEmitter {
         }
         for (std::size_t k = 0; k < g_.outputs.size(); ++k)
             out_ptr.push_back(b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, outs, k)));
+        bool whole_rows = false; // which version of the row loop is being emitted
         // Element i (row r, place j in the row): load the inputs, compute, store the outputs.
         auto element = [&](llvm::Value* i, llvm::Value* r, llvm::Value* j) {
             for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
@@ -80,9 +81,9 @@ class GroupEmitter {
                     at = b.getInt64(0);
                     break;
                 case Access::row: // in row mode the operand repeats inside each row
-                    at = r ? b.CreateSelect(b.CreateICmpEQ(row_len[k], width), j,
-                                            b.CreateURem(j, row_len[k]))
-                           : b.CreateURem(i, row_len[k]);
+                    at = !r           ? b.CreateURem(i, row_len[k])
+                         : whole_rows ? j
+                                      : b.CreateURem(j, row_len[k]);
                     break;
                 case Access::gather:
                     at = b.CreateAdd(L.load(i64, map_ptr[k], r), j);
@@ -102,13 +103,33 @@ class GroupEmitter {
             for (std::size_t k = 0; k < g_.outputs.size(); ++k)
                 L.store(vals_[g_.outputs[k]], out_ptr[k], i);
         };
-        if (row_mode(g_))
+        auto row_loop = [&] {
             L.loop(begin, end, [&](llvm::Value* r) {
                 llvm::Value* base = b.CreateMul(r, width);
                 L.loop(b.getInt64(0), width,
                        [&](llvm::Value* j) { element(b.CreateAdd(base, j), r, j); });
             });
-        else
+        };
+        if (row_mode(g_)) {
+            // Two versions of the row loop: one for row operands as wide as the row (a bias on
+            // the last axis: element j, which vectorises) and one where they repeat inside it.
+            llvm::Value* whole = b.getTrue();
+            for (std::size_t k = 0; k < g_.inputs.size(); ++k)
+                if (g_.inputs[k].access == Access::row)
+                    whole = b.CreateAnd(whole, b.CreateICmpEQ(row_len[k], width));
+            auto* ctx = &m_.getContext();
+            auto* fast = llvm::BasicBlock::Create(*ctx, "whole_rows", L.fn);
+            auto* slow = llvm::BasicBlock::Create(*ctx, "repeating_rows", L.fn);
+            auto* done = llvm::BasicBlock::Create(*ctx, "rows_done", L.fn);
+            b.CreateCondBr(whole, fast, slow);
+            for (bool w : {true, false}) {
+                b.SetInsertPoint(w ? fast : slow);
+                whole_rows = w;
+                row_loop();
+                b.CreateBr(done);
+            }
+            b.SetInsertPoint(done);
+        } else
             L.loop(begin, end, [&](llvm::Value* i) { element(i, nullptr, nullptr); });
         L.finish();
     }

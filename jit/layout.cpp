@@ -5,6 +5,7 @@
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace rag::jit {
@@ -71,7 +72,8 @@ std::pair<std::vector<int>, std::vector<int>> storage_axes(const Shape& s,
 
 struct TransposePlan {
     LayoutKind kind = LayoutKind::none;
-    int a = 0, b = 0; // the swapped per-sample axes
+    int a = 0, b = 0;       // the swapped per-sample axes
+    bool whole_rows = true; // permute: rows move whole (else elements move inside rows)
 };
 
 TransposePlan transpose_plan(const Shape& x, const Attrs& at) {
@@ -86,8 +88,8 @@ TransposePlan transpose_plan(const Shape& x, const Attrs& at) {
     std::swap(y.axes[std::size_t(p.a)], y.axes[std::size_t(p.b)]);
     auto [xr, xo] = storage_axes(x, id);
     auto [yr, yo] = storage_axes(y, perm);
-    if (xo != yo) return p; // static axes move inside rows: the reference kernel
-    p.kind = xr == yr ? LayoutKind::view : LayoutKind::permute;
+    p.whole_rows = xo == yo; // else static axes move inside rows (a weight's transpose)
+    p.kind = p.whole_rows && xr == yr ? LayoutKind::view : LayoutKind::permute;
     return p;
 }
 
@@ -152,6 +154,72 @@ RaggedTensor permute_rows(const RaggedTensor& x, const StructurePtr& st, int a, 
     return y;
 }
 
+// y = transpose(x) element by element: y at index idx is x at idx with axes a and b swapped.
+// Both are strided per sample (kern::sample_view), so one loop nest serves every storage order;
+// the (a, b) plane is walked in square tiles so reads and writes both stay in cache.
+template <class E> void transpose_tiles(const RaggedTensor& x, RaggedTensor& y, int a, int b) {
+    constexpr std::int64_t tile = 32;
+    struct Task {
+        std::int64_t x0, y0, ta, tb; // base offsets and the tile's corner in the (a, b) plane
+        std::size_t sample;
+    };
+    std::vector<kern::SampleView> vx, vy;
+    std::vector<Task> tasks;
+    for (std::int64_t i = 0; i < x.batch(); ++i) {
+        vx.push_back(kern::sample_view(x.structure(), i));
+        vy.push_back(kern::sample_view(y.structure(), i));
+        const kern::SampleView &sx = vx.back(), &sy = vy.back();
+        std::vector<std::int64_t> rest = sy.shape; // y's other axes, each index visited once
+        rest[std::size_t(a)] = rest[std::size_t(b)] = 1;
+        kern::for_each_index(rest, [&](const std::vector<std::int64_t>& idx) {
+            std::int64_t x0 = sx.base, y0 = sy.base;
+            for (std::size_t k = 0; k < idx.size(); ++k) {
+                x0 += idx[k] * sx.strides[k]; // a, b are 0 here: no swap needed
+                y0 += idx[k] * sy.strides[k];
+            }
+            for (std::int64_t ta = 0; ta < sy.shape[std::size_t(a)]; ta += tile)
+                for (std::int64_t tb = 0; tb < sy.shape[std::size_t(b)]; tb += tile)
+                    tasks.push_back({x0, y0, ta, tb, std::size_t(i)});
+        });
+    }
+    const E* in = static_cast<const E*>(x.data());
+    E* out = static_cast<E*>(y.mutable_data());
+    parallel_for(std::int64_t(tasks.size()), 4, [&](std::int64_t t0, std::int64_t t1) {
+        for (std::int64_t t = t0; t < t1; ++t) {
+            const Task& k = tasks[std::size_t(t)];
+            const kern::SampleView &sx = vx[k.sample], &sy = vy[k.sample];
+            const std::size_t ua = std::size_t(a), ub = std::size_t(b);
+            // y's axis a is x's axis b and the other way round.
+            const std::int64_t ya = sy.strides[ua], yb = sy.strides[ub];
+            const std::int64_t xa = sx.strides[ub], xb = sx.strides[ua];
+            const std::int64_t ea = std::min(sy.shape[ua], k.ta + tile);
+            const std::int64_t eb = std::min(sy.shape[ub], k.tb + tile);
+            for (std::int64_t ia = k.ta; ia < ea; ++ia)
+                for (std::int64_t ib = k.tb; ib < eb; ++ib)
+                    out[k.y0 + ia * ya + ib * yb] = in[k.x0 + ia * xa + ib * xb];
+        }
+    });
+}
+
+RaggedTensor transpose_elements(const RaggedTensor& x, const StructurePtr& st, int a, int b) {
+    RaggedTensor y = uninitialized(x.dtype(), st);
+    switch (dtype_size(x.dtype())) {
+    case 1:
+        transpose_tiles<std::uint8_t>(x, y, a, b);
+        break;
+    case 2:
+        transpose_tiles<std::uint16_t>(x, y, a, b);
+        break;
+    case 4:
+        transpose_tiles<std::uint32_t>(x, y, a, b);
+        break;
+    default:
+        transpose_tiles<std::uint64_t>(x, y, a, b);
+        break;
+    }
+    return y;
+}
+
 } // namespace
 
 LayoutKind layout_kind(const ir::Function& f, const ir::Node& n) {
@@ -184,7 +252,7 @@ RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals
     const TransposePlan p = transpose_plan(x.shape(), n.attrs);
     StructurePtr st = transposed_structure(x, n.type.shape, p.a, p.b);
     if (p.kind == LayoutKind::view) return RaggedTensor(x.dtype(), st, x.buffer());
-    return permute_rows(x, st, p.a, p.b);
+    return p.whole_rows ? permute_rows(x, st, p.a, p.b) : transpose_elements(x, st, p.a, p.b);
 }
 
 } // namespace rag::jit

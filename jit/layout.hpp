@@ -5,7 +5,9 @@
 //             storage order (say [B, ~N, 128] <-> [B, 128, ~N]) share their operand's buffer
 //             under a new structure;
 //   permute   a transpose that only reorders ragged axes ([B, 128, ~N, ~M] -> [B, ~M, ~N, 128])
-//             copies whole rows through a row map built from the sizes and offsets.
+//             copies whole rows through a row map built from the sizes and offsets; any other
+//             transpose (a weight's [C, D] -> [D, C], [B, ~N, 4, 16] -> [B, ~N, 16, 4]) copies
+//             elements in cache-sized tiles of the swapped axes, through per-sample strides.
 // Internal to jit/; no LLVM (the copies are memcpy of contiguous rows, split over threads).
 #pragma once
 #include "ir/ir.hpp"

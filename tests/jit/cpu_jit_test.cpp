@@ -80,14 +80,22 @@ TEST(CpuJit, ChainsFuseIntoOneVectorisedLoop) {
 }
 
 TEST(CpuJit, GeluAndTanhLoopsCallSimdMath) {
-    // erfc (gelu) and tanh have SIMD variants in glibc's libmvec; the vectoriser must use them.
-    for (const char* op : {"gelu", "tanh"}) {
-        ir::Function f;
-        f.name = op;
-        ir::Builder b(f);
-        f.outputs = {b.op(op, {b.input(ragged(DType::f32, "~N, 64"), "x")})};
-        EXPECT_NE(jit::compile_cpu(f)->llvm_ir().find("@_ZGVdN8v_"), std::string::npos) << op;
-    }
+    // erfc (gelu) and tanh have SIMD variants in glibc's libmvec; the vectoriser must use them,
+    // also in row loops (a bias row added first, the MLP's gelu(x @ w1 + b1)).
+    for (const char* op : {"gelu", "tanh"})
+        for (bool bias : {false, true}) {
+            ir::Function f;
+            f.name = op;
+            ir::Builder b(f);
+            int x = b.input(ragged(DType::f32, "~N, 64"), "x");
+            if (bias)
+                x = b.op("add",
+                         {x, b.input(Schema{DType::f32, Shape{false, parse_axes("64")}}, "b")});
+            f.outputs = {b.op(op, {x})};
+            const std::string ir = jit::compile_cpu(f)->llvm_ir();
+            EXPECT_NE(ir.find("call <8 x float> @_ZGVdN8v_"), std::string::npos)
+                << op << (bias ? " + bias\n" : "\n") << ir;
+        }
 }
 
 TEST(CpuJit, MatmulOverPackedRowsIsOneGemm) {
@@ -139,6 +147,29 @@ TEST(CpuJit, BatchedMatmulsAreGemmsWhateverTheStorageOrder) {
                 for (int v : f.inputs) in.push_back(random_for(f.type(v), lengths, -1.0, 1.0));
                 expect_tiers_agree(f, in);
             }
+        }
+}
+
+TEST(CpuJit, TransposesThatMoveStaticAxesCopyTiles) {
+    // Static axes that move inside rows (a weight's transpose, heads and features swapped, a
+    // static axis swapped past a ragged one): element copies in tiles, not the reference walk.
+    struct Case {
+        bool batched;
+        const char* axes;
+        int a, b;
+    };
+    for (DType t : {DType::f32, DType::f64, DType::i64})
+        for (Case c : {Case{false, "37, 70", 0, 1}, Case{true, "~N, 4, 6", -1, -2},
+                       Case{true, "3, ~N, 5", 1, 3}, Case{true, "~N, 2, ~N, 40", 2, 4}}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + " [" + c.axes + "]");
+            ir::Function f;
+            f.name = "transpose";
+            ir::Builder b(f);
+            int x = b.input(Schema{t, Shape{c.batched, parse_axes(c.axes)}}, "x");
+            f.outputs = {b.op("transpose", {x}, {{"a", c.a}, {"b", c.b}})};
+            EXPECT_EQ(jit::print(jit::compile_cpu(f)->plan(), f), "permute   %1 = transpose\n");
+            for (auto lengths : {std::vector<std::int64_t>{0, 1, 7, 3}, {40, 33}})
+                expect_tiers_agree(f, {random_for(f.type(x), lengths, -1.0, 1.0)});
         }
 }
 
