@@ -530,6 +530,18 @@ LineKernel line_kernel(bool f32, LineOp op) {
     return table[2 * int(op) + (f32 ? 1 : 0)];
 }
 
+// The axis plan of a line op: a batched value's (axis_plan), or an unbatched array's axis, which
+// runs as one sample (the padded baseline's softmax and masked max over dense envelopes).
+std::optional<AxisPlan> line_axis_plan(const Shape& x, const Attrs& at) {
+    if (!at.has("axis")) return std::nullopt;
+    if (x.batched) return axis_plan(x, at);
+    std::int64_t a = at.get_int("axis");
+    const auto rank = std::int64_t(x.axes.size());
+    if (a < 0) a += rank;
+    if (a < 0 || a >= rank) return std::nullopt; // the reference kernel's error
+    return AxisPlan{false, int(a)};
+}
+
 bool is_line_op(const ir::Node& n) {
     if (n.op == "max" || n.op == "min" || n.op == "softmax" || n.op == "logsumexp" ||
         n.op == "softmax_grad" || n.op == "logsumexp_grad")
@@ -566,7 +578,7 @@ bool identity_order(const Structure& x) {
 std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
     const RaggedTensor& x = vals[std::size_t(n.args[0])];
     const bool f32 = n.type.dtype == DType::f32;
-    const AxisPlan p = *axis_plan(x.shape(), n.attrs);
+    const AxisPlan p = *line_axis_plan(x.shape(), n.attrs);
     // Storage puts ragged axes first, then the others, each in logical order, so dropping the
     // reduced axis keeps the small side's storage order; only the first extremal position of
     // a whole sample (reduce_grad with axis=0) needs storage order to be logical order.
@@ -633,8 +645,7 @@ bool is_segmented(const ir::Function& f, const ir::Node& n) {
     if (is_line_op(n)) {
         // max/min (and their gradients) over one axis, including a whole sample; softmax and
         // logsumexp over one per-sample axis (the batch axis is the reference's error).
-        if (!n.attrs.has("axis")) return false;
-        const auto p = axis_plan(x, n.attrs);
+        const auto p = line_axis_plan(x, n.attrs);
         const bool extreme = n.op == "max" || n.op == "min" || n.op == "reduce_grad";
         return p && (extreme || !p->whole_sample);
     }

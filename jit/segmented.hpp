@@ -10,8 +10,9 @@
 
 namespace rag::jit {
 
-// Whether node n (one of the ops above, f32/f64, with axis= on a batched value; sum/mean also
-// without) runs as a segmented loop.
+// Whether node n (one of the ops above, f32/f64, with axis= on a batched value, or for the
+// max/min/softmax/logsumexp family also on an unbatched array; sum/mean also without axis=)
+// runs as a segmented loop.
 bool is_segmented(const ir::Function& f, const ir::Node& n);
 // Runs it; `vals` holds its arguments.
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);

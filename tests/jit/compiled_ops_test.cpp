@@ -304,27 +304,39 @@ RaggedTensor like(const RaggedTensor& t, double lo = -1.0, double hi = 1.0) {
 }
 
 // max, min, softmax and logsumexp over one axis (ragged, static, or a whole sample for max and
-// min) and the gradient ops autodiff emits for them run as segmented line loops, agreeing with
-// the interpreter on lengths with 0, 1, all-equal and long lines (more than a vector of lanes,
-// plus a tail); max/min also on inputs full of ties (the gradient goes to the first).
+// min; also an unbatched array's axis, as the padded baseline runs them) and the gradient ops
+// autodiff emits for them run as segmented line loops, agreeing with the interpreter on lengths
+// with 0, 1, all-equal and long lines (more than a vector of lanes, plus a tail); max/min also on
+// inputs full of ties (the gradient goes to the first).
 TEST(CompiledOps, MaxMinSoftmaxLogsumexpAndTheirGradientsAreSegmented) {
-    const std::pair<const char*, std::vector<std::int64_t>> layouts[] = {
-        {"~N", {1, 0}},        {"~N, 4", {1, 2, -1}},       {"~N, ~N, 3", {1, 2, 3, 0}},
-        {"~N, ~M, 2", {1, 2}}, {"3, ~H, ~W", {0, 1, 2, 3}}, {"5", {1}}};
+    struct Layout {
+        bool batched;
+        const char* axes;
+        std::vector<std::int64_t> over;
+    };
+    const Layout layouts[] = {{true, "~N", {1, 0}},
+                              {true, "~N, 4", {1, 2, -1}},
+                              {true, "~N, ~N, 3", {1, 2, 3, 0}},
+                              {true, "~N, ~M, 2", {1, 2}},
+                              {true, "3, ~H, ~W", {0, 1, 2, 3}},
+                              {true, "5", {1}},
+                              {false, "6, 19", {0, 1, -1}},
+                              {false, "4, 0", {0, 1}}};
     const std::vector<std::vector<std::int64_t>> batches = {
         {3, 0, 5, 1, 19}, {4, 4, 4}, {1}, {0, 0}};
     for (DType t : {DType::f32, DType::f64})
-        for (const auto& [axes, over] : layouts)
+        for (const auto& [batched, axes, over] : layouts)
             for (std::int64_t axis : over)
                 for (const char* op : {"max", "min", "softmax", "logsumexp"}) {
                     const bool extreme = op[0] == 'm';
-                    if (!extreme && axis == 0) continue; // softmax over the batch axis: an error
+                    if (!extreme && batched && axis == 0) continue; // the batch axis: an error
+                    const Schema xt = batched ? ragged(t, axes) : dense(t, axes);
                     SCOPED_TRACE(std::string(dtype_name(t)) + " " + op + " over axis " +
                                  std::to_string(axis) + " of " + axes);
                     ir::Function f;
                     f.name = op;
                     ir::Builder b(f);
-                    const int x = b.input(ragged(t, axes), "x");
+                    const int x = b.input(xt, "x");
                     Attrs at{{"axis", axis}};
                     const int y = b.op(op, {x}, at);
                     const std::string sop = op;
@@ -347,7 +359,7 @@ TEST(CompiledOps, MaxMinSoftmaxLogsumexpAndTheirGradientsAreSegmented) {
                     for (const auto& lengths : batches)
                         for (bool ties : {false, true}) {
                             if (ties && !extreme) continue;
-                            RaggedTensor xs = random_for(ragged(t, axes), lengths);
+                            RaggedTensor xs = random_for(xt, lengths);
                             if (ties) { // values in {-1, -0.5, 0, 0.5, 1}: many equal maxima
                                 auto v = xs.to_f64();
                                 for (double& e : v) e = std::round(2 * e) / 2;
