@@ -274,27 +274,28 @@ enum class LineOp : int {
 };
 constexpr int line_ops = 7;
 
-// k(nseg, seg, a, b, c, d); "big" buffers have x's structure, "small" ones one element per line:
+// k(nseg, seg, a, b, c, d, e); "big" buffers have x's structure, "small" ones one element per line:
 //   max, min:        a = x, b = y (small)
 //   softmax:         a = x, b = y (big), c = shift (small scratch), d = sum (small scratch)
 //   logsumexp:       a = x, b = y (small), c = shift (small scratch)
 //   softmax_grad:    a = y, b = g, c = dx (big), d = dot (small scratch)
 //   logsumexp_grad:  a = x, b = y (small), c = g (small), d = dx
-//   extreme_grad:    a = x, b = y (small), c = g (small), d = dx   (reduce_grad of max/min)
+//   extreme_grad:    a = x, b = y (small), c = g (small), d = dx, e = taken (small scratch)
+//                    (reduce_grad of max/min)
 using LineKernel = void (*)(std::int64_t nseg, const std::int64_t* seg, void* a, void* b, void* c,
-                            void* d);
+                            void* d, void* e);
 
 void emit_line_kernel(llvm::Module& m, const std::string& name, bool f32, LineOp op) {
     auto& ctx = m.getContext();
     auto* i64t = llvm::Type::getInt64Ty(ctx);
     auto* ptr = llvm::PointerType::get(ctx, 0);
-    LoopBuilder L(m, name, {i64t, ptr, ptr, ptr, ptr, ptr});
+    LoopBuilder L(m, name, {i64t, ptr, ptr, ptr, ptr, ptr, ptr});
     auto& b = L.b;
     llvm::Type* t = f32 ? b.getFloatTy() : b.getDoubleTy();
     const unsigned W = f32 ? 8 : 4; // lanes of the explicit max/min vectors
     auto* vt = llvm::FixedVectorType::get(t, W);
     llvm::Value *nseg = L.arg(0), *seg = L.arg(1), *A = L.arg(2), *B = L.arg(3), *C = L.arg(4),
-                *D = L.arg(5);
+                *D = L.arg(5), *E = L.arg(6);
     const double inf = std::numeric_limits<double>::infinity();
     auto c = [&](double v) { return llvm::ConstantFP::get(t, v); };
     auto ld = [&](llvm::Value* p, llvm::Value* i) { return L.load(t, p, i); };
@@ -479,30 +480,36 @@ void emit_line_kernel(llvm::Module& m, const std::string& name, bool f32, LineOp
                 break;
             }
             case LineOp::extreme_grad: {
-                // Zeros, then g at the first position of each line equal to y (or both NaN).
-                L.loop(L.i64(0), b.CreateMul(n, inner),
-                       [&](llvm::Value* e) { st(c(0), D, b.CreateAdd(bb, e)); });
-                L.loop(L.i64(0), inner, [&](llvm::Value* j) {
-                    llvm::Value* k = b.CreateAdd(sr, j);
-                    llvm::Value* y = ld(B, k);
-                    llvm::Value* found = L.reduce(
-                        L.i64(0), n, {L.i64(-1)},
-                        [&](llvm::Value* r, const std::vector<llvm::Value*>& acc) {
-                            llvm::Value* x =
-                                ld(A, b.CreateAdd(bb, b.CreateAdd(b.CreateMul(r, inner), j)));
-                            llvm::Value* match =
-                                b.CreateOr(b.CreateFCmpOEQ(x, y), b.CreateAnd(isnan(x), isnan(y)));
-                            return std::vector<llvm::Value*>{b.CreateSelect(
-                                b.CreateAnd(b.CreateICmpSLT(acc[0], L.i64(0)), match), r, acc[0])};
-                        })[0];
-                    branch(
-                        b.CreateICmpSGE(found, L.i64(0)),
-                        [&] {
-                            st(ld(C, k), D,
-                               b.CreateAdd(bb, b.CreateAdd(b.CreateMul(found, inner), j)));
-                        },
-                        [] {});
-                });
+                // g at the first position of each line equal to y (or both NaN), else 0.
+                auto match = [&](llvm::Value* x, llvm::Value* y) {
+                    return b.CreateOr(b.CreateFCmpOEQ(x, y), b.CreateAnd(isnan(x), isnan(y)));
+                };
+                branch(
+                    line,
+                    [&] { // zeros, then find the first match
+                        over_line([&](llvm::Value* i) { st(c(0), D, i); });
+                        llvm::Value* y = ld(B, sr);
+                        llvm::Value* found = L.reduce(
+                            L.i64(0), n, {L.i64(-1)},
+                            [&](llvm::Value* r, const std::vector<llvm::Value*>& acc) {
+                                llvm::Value* m = match(ld(A, b.CreateAdd(bb, r)), y);
+                                return std::vector<llvm::Value*>{b.CreateSelect(
+                                    b.CreateAnd(b.CreateICmpSLT(acc[0], L.i64(0)), m), r, acc[0])};
+                            })[0];
+                        branch(
+                            b.CreateICmpSGE(found, L.i64(0)),
+                            [&] { st(ld(C, sr), D, b.CreateAdd(bb, found)); }, [] {});
+                    },
+                    [&] { // one pass over (r, j), whether line j is taken in e[j] (0 or 1)
+                        over_small([&](llvm::Value* k) { st(c(0), E, k); });
+                        over_plane([&](llvm::Value* i, llvm::Value* k) {
+                            llvm::Value* taken = b.CreateFCmpONE(ld(E, k), c(0));
+                            llvm::Value* hit =
+                                b.CreateAnd(match(ld(A, i), ld(B, k)), b.CreateNot(taken));
+                            st(b.CreateSelect(hit, ld(C, k), c(0)), D, i);
+                            st(b.CreateSelect(b.CreateOr(taken, hit), c(1), c(0)), E, k);
+                        });
+                    });
                 break;
             }
             }
@@ -586,12 +593,13 @@ std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<Ragge
         return std::nullopt;
     StructurePtr small = reduced(x.structure(), p);
     auto seg = segments(x.structure(), *small, p);
-    auto run = [&](LineOp op, const void* a, const void* b_, const void* c, const void* d) {
+    auto run = [&](LineOp op, const void* a, const void* b_, const void* c, const void* d,
+                   void* scratch = nullptr) {
         LineKernel k = line_kernel(f32, op);
         const std::int64_t count = std::int64_t(seg.size() / 5);
         parallel_for(count, 1, [&](std::int64_t b, std::int64_t e) {
             k(e - b, seg.data() + 5 * b, const_cast<void*>(a), const_cast<void*>(b_),
-              const_cast<void*>(c), const_cast<void*>(d));
+              const_cast<void*>(c), const_cast<void*>(d), scratch);
         });
     };
     auto agrees = [&](int arg, const Structure& want) {
@@ -623,9 +631,11 @@ std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<Ragge
     // logsumexp_grad and reduce_grad of max/min: (x, y, g), y and g with the small structure.
     if (!agrees(1, *small) || !agrees(2, *small)) return std::nullopt;
     RaggedTensor dx = uninitialized(n.type.dtype, x.structure_ptr());
-    run(n.op == "logsumexp_grad" ? LineOp::logsumexp_grad : LineOp::extreme_grad, x.data(),
-        vals[std::size_t(n.args[1])].data(), vals[std::size_t(n.args[2])].data(),
-        dx.mutable_data());
+    const bool lse = n.op == "logsumexp_grad";
+    RaggedTensor taken = lse ? RaggedTensor() : uninitialized(n.type.dtype, small);
+    run(lse ? LineOp::logsumexp_grad : LineOp::extreme_grad, x.data(),
+        vals[std::size_t(n.args[1])].data(), vals[std::size_t(n.args[2])].data(), dx.mutable_data(),
+        lse ? nullptr : taken.mutable_data());
     return dx;
 }
 

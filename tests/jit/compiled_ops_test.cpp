@@ -372,6 +372,32 @@ TEST(CompiledOps, MaxMinSoftmaxLogsumexpAndTheirGradientsAreSegmented) {
                 }
 }
 
+// Each line is reduced by one thread, so the bits do not depend on the thread count, also when
+// long samples are cut into pieces spread over threads.
+TEST(CompiledOps, LineReductionsDoNotDependOnTheThreadCount) {
+    for (const char* axes : {"~N, ~N", "~N, ~N, 8"}) {
+        SCOPED_TRACE(axes);
+        ir::Function f;
+        f.name = "softmax_max";
+        ir::Builder b(f);
+        const int x = b.input(ragged(DType::f32, axes), "x");
+        const int dy = b.input(ragged(DType::f32, axes), "dy");
+        const int y = b.op("softmax", {x}, {{"axis", std::int64_t(2)}});
+        f.outputs = {y, b.op("softmax_grad", {y, dy}, {{"axis", std::int64_t(2)}}),
+                     b.op("logsumexp", {x}, {{"axis", std::int64_t(1)}}),
+                     b.op("max", {x}, {{"axis", std::int64_t(1)}})};
+        auto in = inputs_for(f, {300, 0, 1, 45, 200});
+        auto cpu = jit::compile_cpu(f);
+        set_num_threads(1);
+        auto one = cpu->run(in);
+        set_num_threads(3);
+        auto three = cpu->run(in);
+        set_num_threads(0);
+        for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k].to_f64(), three[k].to_f64());
+        expect_tiers_agree(f, in);
+    }
+}
+
 // NaN propagates through max and min, an empty max is -inf and an empty logsumexp -inf, as in
 // the reference kernels; the gradients of a NaN maximum go to the first NaN.
 TEST(CompiledOps, LineReductionsKeepTheReferenceNaNAndEmptyRules) {
