@@ -12,9 +12,11 @@
 #include <llvm/IR/Verifier.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <mutex>
 #include <numeric>
+#include <type_traits>
 
 namespace rag::jit {
 namespace {
@@ -579,12 +581,68 @@ bool identity_order(const Structure& x) {
     return true;
 }
 
+// Runs line kernel `op` over every segment entry, entries spread over threads.
+void run_line_kernel(bool f32, LineOp op, const std::vector<std::int64_t>& seg, const void* a,
+                     const void* b_, const void* c, const void* d, void* scratch = nullptr) {
+    LineKernel k = line_kernel(f32, op);
+    const std::int64_t count = std::int64_t(seg.size() / 5);
+    parallel_for(count, 1, [&](std::int64_t b, std::int64_t e) {
+        k(e - b, seg.data() + 5 * b, const_cast<void*>(a), const_cast<void*>(b_),
+          const_cast<void*>(c), const_cast<void*>(d), scratch);
+    });
+}
+
+// Elements per block of a global max/min: blocks reduce in parallel, the host combines them.
+constexpr std::int64_t extreme_block = 1 << 14;
+
+// max/min without axis= (every stored entry: NaN if any, else the extremum, +-inf if empty) and
+// their gradient (g at the first matching entry in the reference's order: samples in batch
+// order, each in logical order, which is storage order when the storage order is logical).
+template <class T>
+std::optional<RaggedTensor> global_extreme(const ir::Node& n,
+                                           const std::vector<RaggedTensor>& vals) {
+    const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    const bool min = n.op == "min" || (n.op == "reduce_grad" && n.attrs.get_str("kind") == "min");
+    const std::int64_t count = x.numel();
+    const T* xs = static_cast<const T*>(x.data());
+    if (n.op == "reduce_grad") {
+        if (!identity_order(x.structure())) return std::nullopt;
+        const T y = T(vals[std::size_t(n.args[1])].item());
+        const T g = T(vals[std::size_t(n.args[2])].item());
+        RaggedTensor dx = uninitialized(x.dtype(), x.structure_ptr());
+        fill<T>(dx, 0.0);
+        for (std::int64_t e = 0; e < count; ++e)
+            if (xs[e] == y || (std::isnan(xs[e]) && std::isnan(y))) {
+                static_cast<T*>(dx.mutable_data())[e] = g;
+                break;
+            }
+        return dx;
+    }
+    const std::int64_t blocks = (count + extreme_block - 1) / extreme_block;
+    std::vector<std::int64_t> seg;
+    for (std::int64_t b = 0; b < blocks; ++b)
+        seg.insert(seg.end(), {b * extreme_block, b, 1,
+                               std::min(extreme_block, count - b * extreme_block), 1});
+    std::vector<T> partial(static_cast<std::size_t>(blocks));
+    run_line_kernel(std::is_same_v<T, float>, min ? LineOp::min : LineOp::max, seg, xs,
+                    partial.data(), nullptr, nullptr);
+    double v =
+        min ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+    for (T p : partial) {
+        if (std::isnan(v)) break;
+        if (std::isnan(p) || (min ? p < v : p > v)) v = double(p);
+    }
+    return scalar(n.type.dtype, v);
+}
+
 // Runs a line op, or returns nullopt when its runtime arguments need the reference kernel
 // (structures that disagree, which it reports, or the first extremal position of a whole
 // sample stored in another order than the logical one).
 std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
     const RaggedTensor& x = vals[std::size_t(n.args[0])];
     const bool f32 = n.type.dtype == DType::f32;
+    if (!n.attrs.has("axis"))
+        return f32 ? global_extreme<float>(n, vals) : global_extreme<double>(n, vals);
     const AxisPlan p = *line_axis_plan(x.shape(), n.attrs);
     // Storage puts ragged axes first, then the others, each in logical order, so dropping the
     // reduced axis keeps the small side's storage order; only the first extremal position of
@@ -595,12 +653,7 @@ std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<Ragge
     auto seg = segments(x.structure(), *small, p);
     auto run = [&](LineOp op, const void* a, const void* b_, const void* c, const void* d,
                    void* scratch = nullptr) {
-        LineKernel k = line_kernel(f32, op);
-        const std::int64_t count = std::int64_t(seg.size() / 5);
-        parallel_for(count, 1, [&](std::int64_t b, std::int64_t e) {
-            k(e - b, seg.data() + 5 * b, const_cast<void*>(a), const_cast<void*>(b_),
-              const_cast<void*>(c), const_cast<void*>(d), scratch);
-        });
+        run_line_kernel(f32, op, seg, a, b_, c, d, scratch);
     };
     auto agrees = [&](int arg, const Structure& want) {
         return vals[std::size_t(n.args[std::size_t(arg)])].structure().same_as(want);
@@ -653,10 +706,12 @@ bool is_segmented(const ir::Function& f, const ir::Node& n) {
     if (n.op == "sum_to")
         return f.type(n.args[0]).dtype == t && sum_to_plan(x, f.type(n.args[1]).shape).has_value();
     if (is_line_op(n)) {
-        // max/min (and their gradients) over one axis, including a whole sample; softmax and
-        // logsumexp over one per-sample axis (the batch axis is the reference's error).
-        const auto p = line_axis_plan(x, n.attrs);
+        // max/min (and their gradients) over one axis, including a whole sample, or globally;
+        // softmax and logsumexp over one per-sample axis (the batch axis is the reference's
+        // error).
         const bool extreme = n.op == "max" || n.op == "min" || n.op == "reduce_grad";
+        if (!n.attrs.has("axis")) return extreme;
+        const auto p = line_axis_plan(x, n.attrs);
         return p && (extreme || !p->whole_sample);
     }
     return false;

@@ -1,5 +1,5 @@
 // Segmented reductions on the CPU tier: `sum`/`mean` over one axis (a ragged, static or the
-// whole sample) and their gradients, `max`/`min` (over one axis or a whole sample),
+// whole sample) and their gradients, `max`/`min` (over one axis, a whole sample or globally),
 // `softmax`/`logsumexp` (over one per-sample axis) and their gradients (`reduce_grad` of
 // max/min, `softmax_grad`, `logsumexp_grad`), as LLVM loop nests over per-sample segments. Every
 // sample's block is row-major in storage order, so reducing one axis is, per sample, a loop
@@ -11,8 +11,8 @@
 namespace rag::jit {
 
 // Whether node n (one of the ops above, f32/f64, with axis= on a batched value, or for the
-// max/min/softmax/logsumexp family also on an unbatched array; sum/mean also without axis=)
-// runs as a segmented loop.
+// max/min/softmax/logsumexp family also on an unbatched array; sum/mean/max/min also without
+// axis=) runs as a segmented loop.
 bool is_segmented(const ir::Function& f, const ir::Node& n);
 // Runs it; `vals` holds its arguments.
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);

@@ -303,25 +303,26 @@ RaggedTensor like(const RaggedTensor& t, double lo = -1.0, double hi = 1.0) {
     return RaggedTensor::from_f64(t.dtype(), t.structure_ptr(), v);
 }
 
-// max, min, softmax and logsumexp over one axis (ragged, static, or a whole sample for max and
-// min; also an unbatched array's axis, as the padded baseline runs them) and the gradient ops
-// autodiff emits for them run as segmented line loops, agreeing with the interpreter on lengths
-// with 0, 1, all-equal and long lines (more than a vector of lanes, plus a tail); max/min also on
-// inputs full of ties (the gradient goes to the first).
+// max, min, softmax and logsumexp over one axis (ragged, static, or a whole sample or every
+// stored entry for max and min; also an unbatched array's axis, as the padded baseline runs them)
+// and the gradient ops autodiff emits for them run as segmented line loops, agreeing with the
+// interpreter on lengths with 0, 1, all-equal and long lines (more than a vector of lanes, plus a
+// tail); max/min also on inputs full of ties (the gradient goes to the first).
 TEST(CompiledOps, MaxMinSoftmaxLogsumexpAndTheirGradientsAreSegmented) {
     struct Layout {
         bool batched;
         const char* axes;
         std::vector<std::int64_t> over;
     };
-    const Layout layouts[] = {{true, "~N", {1, 0}},
-                              {true, "~N, 4", {1, 2, -1}},
+    const std::int64_t global = 99; // no axis=: max/min over every stored entry
+    const Layout layouts[] = {{true, "~N", {1, 0, global}},
+                              {true, "~N, 4", {1, 2, -1, global}},
                               {true, "~N, ~N, 3", {1, 2, 3, 0}},
                               {true, "~N, ~M, 2", {1, 2}},
-                              {true, "3, ~H, ~W", {0, 1, 2, 3}},
+                              {true, "3, ~H, ~W", {0, 1, 2, 3, global}},
                               {true, "5", {1}},
-                              {false, "6, 19", {0, 1, -1}},
-                              {false, "4, 0", {0, 1}}};
+                              {false, "6, 19", {0, 1, -1, global}},
+                              {false, "4, 0", {0, 1, global}}};
     const std::vector<std::vector<std::int64_t>> batches = {
         {3, 0, 5, 1, 19}, {4, 4, 4}, {1}, {0, 0}};
     for (DType t : {DType::f32, DType::f64})
@@ -329,7 +330,8 @@ TEST(CompiledOps, MaxMinSoftmaxLogsumexpAndTheirGradientsAreSegmented) {
             for (std::int64_t axis : over)
                 for (const char* op : {"max", "min", "softmax", "logsumexp"}) {
                     const bool extreme = op[0] == 'm';
-                    if (!extreme && batched && axis == 0) continue; // the batch axis: an error
+                    if (!extreme && ((batched && axis == 0) || axis == global))
+                        continue; // softmax over the batch axis or globally: an error
                     const Schema xt = batched ? ragged(t, axes) : dense(t, axes);
                     SCOPED_TRACE(std::string(dtype_name(t)) + " " + op + " over axis " +
                                  std::to_string(axis) + " of " + axes);
@@ -337,7 +339,7 @@ TEST(CompiledOps, MaxMinSoftmaxLogsumexpAndTheirGradientsAreSegmented) {
                     f.name = op;
                     ir::Builder b(f);
                     const int x = b.input(xt, "x");
-                    Attrs at{{"axis", axis}};
+                    Attrs at = axis == global ? Attrs{} : Attrs{{"axis", axis}};
                     const int y = b.op(op, {x}, at);
                     const std::string sop = op;
                     const int g = b.input(sop == "softmax" ? f.type(x) : f.type(y), "g");
@@ -396,6 +398,38 @@ TEST(CompiledOps, LineReductionsDoNotDependOnTheThreadCount) {
         for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k].to_f64(), three[k].to_f64());
         expect_tiers_agree(f, in);
     }
+}
+
+// Global max/min over more entries than one block (blocks reduced in parallel, then combined):
+// ties (the gradient goes to the first), and a NaN in a later block.
+TEST(CompiledOps, GlobalMaxMinCombineBlocks) {
+    for (DType t : {DType::f32, DType::f64})
+        for (const char* op : {"max", "min"})
+            for (bool nan : {false, true}) {
+                SCOPED_TRACE(std::string(dtype_name(t)) + " " + op + (nan ? " with NaN" : ""));
+                ir::Function f;
+                f.name = op;
+                ir::Builder b(f);
+                const int x = b.input(ragged(t, "~N, 64"), "x");
+                const int y = b.op(op, {x});
+                const int g = b.input(f.type(y), "g");
+                f.outputs = {y, b.op("reduce_grad", {x, y, g}, {{"kind", std::string(op)}})};
+                EXPECT_EQ(kinds(f), "segmented segmented");
+                RaggedTensor xs = random_for(ragged(t, "~N, 64"), {300, 0, 200});
+                auto v = xs.to_f64();
+                for (double& e : v) e = std::round(4 * e) / 4; // ties
+                if (nan) v[v.size() - 100] = v[v.size() - 7] = std::nan("");
+                xs = RaggedTensor::from_f64(t, xs.structure_ptr(), v);
+                const RaggedTensor gs =
+                    RaggedTensor::from_f64(t, Structure::make(Shape{false, {}}, 1, {}), {0.75});
+                auto want = ir::interpret(f, {xs, gs});
+                auto got = jit::compile_cpu(f)->run({xs, gs});
+                EXPECT_EQ(std::isnan(got[0].item()), nan);
+                if (!nan) {
+                    EXPECT_EQ(got[0].item(), want[0].item());
+                }
+                EXPECT_EQ(got[1].to_f64(), want[1].to_f64());
+            }
 }
 
 // NaN propagates through max and min, an empty max is -inf and an empty logsumexp -inf, as in
