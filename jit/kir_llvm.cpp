@@ -7,6 +7,7 @@
 #include "runtime/parallel.hpp"
 
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/MDBuilder.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 
@@ -27,6 +28,27 @@ KirLowering::KirLowering(llvm::Module& m, const kir::Kernel& k) : m_(m), k_(k), 
     fmf.setAllowContract();
     fmf.setNoSignedZeros();
     b_.setFastMathFlags(fmf);
+}
+
+void KirLowering::alias_scopes() {
+    llvm::MDBuilder mdb(m_.getContext());
+    llvm::MDNode* domain = mdb.createAnonymousAliasScopeDomain("kir");
+    llvm::MDNode* globals = mdb.createAnonymousAliasScope(domain, "globals");
+    std::vector<llvm::MDNode*> scopes, distinct = {globals};
+    for (const auto& buf : k_.buffers) {
+        const bool global = buf.space == kir::Space::global;
+        scopes.push_back(global ? globals : mdb.createAnonymousAliasScope(domain, buf.name));
+        if (!global) distinct.push_back(scopes.back());
+    }
+    scope_.clear();
+    noalias_.clear();
+    for (llvm::MDNode* mine : scopes) {
+        std::vector<llvm::Metadata*> others;
+        for (llvm::MDNode* d : distinct)
+            if (d != mine) others.push_back(d);
+        scope_.push_back(llvm::MDNode::get(m_.getContext(), {mine}));
+        noalias_.push_back(llvm::MDNode::get(m_.getContext(), others));
+    }
 }
 
 llvm::Type* KirLowering::type(kir::Type t) {
@@ -132,27 +154,35 @@ llvm::Value* KirLowering::math(Op op, llvm::Value* x) {
     return b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id, {x->getType()}), {x});
 }
 
+void KirLowering::scoped(llvm::Instruction* access, std::int64_t buf) {
+    if (scope_.empty()) return;
+    access->setMetadata(llvm::LLVMContext::MD_alias_scope, scope_[std::size_t(buf)]);
+    access->setMetadata(llvm::LLVMContext::MD_noalias, noalias_[std::size_t(buf)]);
+}
+
 llvm::Value* KirLowering::load(const kir::Node& n) {
     const auto& buf = k_.buffers[std::size_t(n.i)];
     llvm::Value* at = value(n.args[0]);
     llvm::Value* base = buffers_[std::size_t(n.i)];
+    auto raw = [&](llvm::Type* t) {
+        llvm::LoadInst* l = b_.CreateLoad(t, b_.CreateGEP(t, base, at));
+        scoped(l, n.i);
+        return l;
+    };
     switch (buf.elem) {
     case kir::Elem::f32:
-        return b_.CreateLoad(b_.getFloatTy(), b_.CreateGEP(b_.getFloatTy(), base, at));
+        return raw(b_.getFloatTy());
     case kir::Elem::f64:
-        return b_.CreateFPTrunc(
-            b_.CreateLoad(b_.getDoubleTy(), b_.CreateGEP(b_.getDoubleTy(), base, at)),
-            b_.getFloatTy());
+        return b_.CreateFPTrunc(raw(b_.getDoubleTy()), b_.getFloatTy());
     case kir::Elem::f16:
-        return b_.CreateFPExt(b_.CreateLoad(b_.getHalfTy(), b_.CreateGEP(b_.getHalfTy(), base, at)),
-                              b_.getFloatTy());
+        return b_.CreateFPExt(raw(b_.getHalfTy()), b_.getFloatTy());
     case kir::Elem::bf16: { // the upper half of an f32
-        llvm::Value* bits = b_.CreateLoad(b_.getInt16Ty(), b_.CreateGEP(b_.getInt16Ty(), base, at));
+        llvm::Value* bits = raw(b_.getInt16Ty());
         bits = b_.CreateShl(b_.CreateZExt(bits, b_.getInt32Ty()), 16);
         return b_.CreateBitCast(bits, b_.getFloatTy());
     }
     case kir::Elem::i64:
-        return b_.CreateLoad(b_.getInt64Ty(), b_.CreateGEP(b_.getInt64Ty(), base, at));
+        return raw(b_.getInt64Ty());
     }
     return nullptr;
 }
@@ -185,7 +215,7 @@ void KirLowering::store(const Stmt& s) {
         break;
     }
     }
-    b_.CreateStore(v, b_.CreateGEP(t, base, at));
+    scoped(b_.CreateStore(v, b_.CreateGEP(t, base, at)), s.id);
 }
 
 llvm::Value* KirLowering::value(const kir::Expr& e) {
@@ -285,6 +315,7 @@ class CpuLowering final : public KirLowering {
         llvm::Value *begin = args++, *end = args++, *bufs = args++, *pars = args++,
                     *scratch = args++;
         b_.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", fn));
+        alias_scopes();
         std::vector<llvm::Value*> params, buffers;
         for (std::size_t p = 0; p < k_.params.size(); ++p)
             params.push_back(b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, pars, p)));
@@ -332,10 +363,19 @@ class CompiledCpuKernel final : public CpuKernel {
             fail("internal: kernel ", k.name, " lowered to invalid LLVM IR: ", es.str());
         entry_ = reinterpret_cast<Entry>(
             add_module(std::move(m), std::move(ctx), 1, name, &ir_, &tracker_).at(0));
+        dump();
     }
     ~CompiledCpuKernel() override { remove_module(tracker_); }
 
     const std::string& llvm_ir() const override { return ir_; }
+    // RAG_KIR_DUMP=dir writes each compiled kernel's optimised IR to dir/<kernel name>.ll.
+    void dump() const {
+        if (const char* d = std::getenv("RAG_KIR_DUMP")) {
+            std::error_code ec;
+            llvm::raw_fd_ostream os(std::string(d) + "/" + k_.name + ".ll", ec);
+            os << ir_;
+        }
+    }
 
     void launch(std::int64_t grid, std::span<void* const> buffers,
                 std::span<const std::int64_t> params) const override {

@@ -27,6 +27,11 @@ class KirLowering {
     llvm::IRBuilder<>& builder() { return b_; }
 
   protected:
+    // Alias scopes (CPU): every scratch array in its own scope and all globals in one, so
+    // LLVM may keep scratch accumulators in registers across loads of other arrays. Scratch
+    // arrays are disjoint per instance and never passed as globals; globals may alias each
+    // other (nothing is claimed between them).
+    void alias_scopes();
     // exp, log, sqrt of an f32 value. Default: LLVM intrinsics (the host's libm / libmvec).
     virtual llvm::Value* math(kir::Op op, llvm::Value* x);
     // A `threads` loop. Default: an ordinary serial loop.
@@ -46,9 +51,11 @@ class KirLowering {
   private:
     void emit(const kir::Stmt& s);
     llvm::Value* load(const kir::Node& n);
+    void scoped(llvm::Instruction* access, std::int64_t buf);
     llvm::Type* type(kir::Type t);
 
     llvm::Value* pid_ = nullptr;
+    std::vector<llvm::MDNode*> scope_, noalias_; // per buffer; empty: no metadata
     std::vector<llvm::Value*> params_, buffers_, vars_;
     std::map<std::int64_t, llvm::Value*> lets_;
 };
