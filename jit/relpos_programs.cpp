@@ -108,6 +108,52 @@ struct Program {
             Loop::threads);
     }
 
+    // dst[x * J + r] = element x of row first + r of a [T, H, width] buffer for r < count, and
+    // zero for r in [count, J): a tile staged transposed, so products over it vectorise.
+    void stage_t(int dst, int src, Expr first, Expr count, std::int64_t width) {
+        const auto J = RelposShape::J;
+        b.loop(
+            0, count,
+            [&](Expr r) {
+                b.loop(0, width, [&](Expr x) {
+                    b.store(dst, x * J + r, b.load(src, at(first + r, x, width)));
+                });
+            },
+            Loop::threads);
+        b.loop(
+            count, Expr(J),
+            [&](Expr r) { b.loop(0, width, [&](Expr x) { b.store(dst, x * J + r, 0.0); }); },
+            Loop::threads);
+    }
+
+    // out[r * J + c] = sum_x a[r * width + x] bt[x * J + c] for r < rows and every c < J: a
+    // tile of dot products as rank-1 updates, vectorised over c (bt staged by stage_t).
+    void products(int out, int a, int bt, Expr rows, std::int64_t width) {
+        const auto J = RelposShape::J;
+        b.loop(
+            0, rows,
+            [&](Expr r) {
+                b.loop(0, Expr(J), [&](Expr c) { b.store(out, r * J + c, 0.0); });
+                b.loop(0, width, [&](Expr x) {
+                    Expr ax = b.let(b.load(a, r * width + x), "ax");
+                    b.loop(0, Expr(J),
+                           [&](Expr c) { b.add_to(out, r * J + c, ax * b.load(bt, x * J + c)); });
+                });
+            },
+            Loop::threads);
+    }
+
+    // acc[r * width + x] += sum_c w[r * J + c] src[c * width + x] for c < count: rows of
+    // weights times a row-major tile, vectorised over x.
+    void weighted_rows(int acc, Expr r, int w, Expr count, int src, std::int64_t width) {
+        const auto J = RelposShape::J;
+        b.loop(0, count, [&](Expr c) {
+            Expr wc = b.let(b.load(w, r * J + c), "wc");
+            b.loop(0, width,
+                   [&](Expr x) { b.add_to(acc, r * width + x, wc * b.load(src, c * width + x)); });
+        });
+    }
+
     // proj[r * stride + w] = src row r . table row lo + w (+ bias) for r < count, w < rows.
     void project(int proj, Expr stride, int src, Expr count, int tab, Expr lo, Expr rows,
                  bool with_bias) {
@@ -123,13 +169,12 @@ struct Program {
             Loop::threads);
     }
 
-    // The scaled score of query row qi (of scratch qs; query i of the sample) and key row kj
-    // (of scratch ks; key j) at expanded row u, given the query-side projections zq (rows from
-    // qlo, stride qstride) and the key-side zk (from klo, stride kstride), or in saved shapes
-    // the saved projections of i and j.
-    Expr score(int qs, Expr qi, int ks, Expr kj, Expr u, int zq, Expr qlo, Expr qstride, int zk,
-               Expr klo, Expr kstride, Expr i, Expr j) {
-        Expr t = dot(qs, qi * s.D, ks, kj * s.D, s.D);
+    // The scaled score of query row qi of the strip (query i of the sample) and key row kj
+    // (key j) at expanded row u given their content product t, the query-side projections zq
+    // (rows from qlo, stride qstride) and the key-side zk (from klo, stride kstride), or in
+    // saved shapes the saved projections of i and j.
+    Expr score(Expr t, Expr qi, Expr kj, Expr u, int zq, Expr qlo, Expr qstride, int zk, Expr klo,
+               Expr kstride, Expr i, Expr j) {
         if (s.aq)
             t = t + (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i)))
                              : b.load(zq, qi * qstride + u - qlo));
@@ -161,14 +206,18 @@ struct Program {
         Expr j0, cols, klo, saturated;
     };
     // Key tile t (of J keys, up to kend) against the query strip [i0, i0 + rows): stages its
-    // keys and values, projects the keys onto the rows the pair reaches (from klo), and says
-    // whether every pair saturates (then they all read row klo).
-    KeyTile key_tile(Expr t, Expr i0, Expr rows, Expr kend, int Ks, int Vs, int ZK) {
+    // keys (Ks row-major when given, KsT transposed) and values (Vs row-major or VsT
+    // transposed, whichever is given), projects the keys onto the rows the pair reaches (from
+    // klo), and says whether every pair saturates (then they all read row klo).
+    KeyTile key_tile(Expr t, Expr i0, Expr rows, Expr kend, int Ks, int KsT, int Vs, int VsT,
+                     int ZK) {
         const auto J = RelposShape::J;
         Expr j0 = b.let(t * J, "j0");
         Expr cols = b.let(min(Expr(J), kend - j0), "cols");
-        stage(Ks, k, j0, cols, s.D);
-        stage(Vs, v, j0, cols, s.Dv);
+        if (Ks >= 0) stage(Ks, k, j0, cols, s.D);
+        stage_t(KsT, k, j0, cols, s.D);
+        if (Vs >= 0) stage(Vs, v, j0, cols, s.Dv);
+        if (VsT >= 0) stage_t(VsT, v, j0, cols, s.Dv);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
         if (projects_k()) project(ZK, WJ, Ks, cols, ek, klo, row(dmax) - klo + 1, false);
@@ -218,7 +267,8 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     p.saved_buffers();
     const int Qs = b.scratch("Qs", p.G * s.D),
               ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.G * p.W));
-    const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
+    const int Ks = p.projects_k() ? b.scratch("Ks", Expr(J * s.D)) : -1;
+    const int KsT = b.scratch("KsT", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
     const int A = b.scratch("A", p.G * s.Dv);
@@ -239,16 +289,17 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     if (p.projects_q()) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
     b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-        auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, Vs, ZK);
+        auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, KsT, Vs, -1, ZK);
+        p.products(S, Qs, KsT, rows, s.D);
         b.loop(
             0, rows,
             [&](Expr g) {
                 Expr i = b.let(i0 + g, "i");
                 int top = b.var(Type::f32, minus_inf);
                 p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                    Expr sc =
-                        p.masked(p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ, i, j0 + jj),
-                                 i, j0 + jj);
+                    Expr sc = p.masked(p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, p.W, ZK,
+                                               klo, p.WJ, i, j0 + jj),
+                                       i, j0 + jj);
                     b.store(S, g * J + jj, sc);
                     b.set(top, max(b.get(top), sc));
                 });
@@ -262,11 +313,10 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                     });
                     b.loop(0, cols, [&](Expr jj) {
                         Expr pr = b.let(exp(b.load(S, g * J + jj) - m_new), "p");
+                        b.store(S, g * J + jj, pr);
                         b.set(sum, b.get(sum) + pr);
-                        b.loop(0, s.Dv, [&](Expr x) {
-                            b.add_to(A, g * s.Dv + x, pr * b.load(Vs, jj * s.Dv + x));
-                        });
                     });
+                    p.weighted_rows(A, g, S, cols, Vs, s.Dv);
                     b.store(L, g, b.get(sum));
                     b.store(M, g, m_new);
                 });
@@ -304,8 +354,10 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.G * p.W));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
-    const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
+    const int Ks = b.scratch("Ks", Expr(J * s.D)), KsT = b.scratch("KsT", Expr(J * s.D));
+    const int VsT = b.scratch("VsT", Expr(J * s.Dv));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
+    const int S = b.scratch("S", p.G * J), dP = b.scratch("dP", p.G * J);
     p.own_strip();
     Expr n = p.n;
     // The sample's reachable rows; its strips add their shares of the table gradients there.
@@ -345,7 +397,9 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
         if (p.projects_q()) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-            auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, Vs, ZK);
+            auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, KsT, -1, VsT, ZK);
+            p.products(S, Qs, KsT, rows, s.D);
+            p.products(dP, dOs, VsT, rows, s.Dv);
             b.loop(
                 0, rows,
                 [&](Expr g) {
@@ -353,20 +407,19 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                     // Score gradients by offset; a saturated tile pair adds to one boundary sum.
                     int boundary = b.var(Type::f32, 0.0);
                     p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                        Expr sc = p.masked(
-                            p.score(Qs, g, Ks, jj, u, ZQ, qlo, p.W, ZK, klo, p.WJ, i, j0 + jj), i,
-                            j0 + jj);
+                        Expr sc = p.masked(p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, p.W,
+                                                   ZK, klo, p.WJ, i, j0 + jj),
+                                           i, j0 + jj);
                         Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
-                        Expr dp = p.dot(dOs, g * s.Dv, Vs, jj * s.Dv, s.Dv);
-                        Expr gs = b.let(pr * (dp - b.load(Dg, g)) * s.scale, "gs");
-                        b.loop(0, s.D, [&](Expr x) {
-                            b.add_to(dQ, g * s.D + x, gs * b.load(Ks, jj * s.D + x));
-                        });
+                        Expr gs =
+                            b.let(pr * (b.load(dP, g * J + jj) - b.load(Dg, g)) * s.scale, "gs");
+                        b.store(S, g * J + jj, gs);
                         if (by_row)
                             b.when(
                                 saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
                                 [&] { b.add_to(dZ, g * p.W + u - qlo, gs); });
                     });
+                    p.weighted_rows(dQ, g, S, cols, Ks, s.D);
                     if (by_row)
                         b.when(saturated,
                                [&] { b.add_to(dZ, g * p.W + klo - qlo, b.get(boundary)); });
@@ -415,6 +468,8 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
     const int Qt = b.scratch("Qt", Expr(J * s.D)), dOt = b.scratch("dOt", Expr(J * s.Dv));
+    const int QtT = b.scratch("QtT", Expr(J * s.D)), dOtT = b.scratch("dOtT", Expr(J * s.Dv));
+    const int St = b.scratch("St", p.G * J), dPt = b.scratch("dPt", p.G * J);
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.WJ * J));
     p.own_strip();
@@ -451,6 +506,8 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
             Expr rows = b.let(min(Expr(J), n - i0), "rows");
             p.stage(Qt, p.q, i0, rows, s.D);
             p.stage(dOt, dO, i0, rows, s.Dv);
+            p.stage_t(QtT, p.q, i0, rows, s.D);
+            p.stage_t(dOtT, dO, i0, rows, s.Dv);
             b.loop(
                 0, rows,
                 [&](Expr ii) {
@@ -463,29 +520,29 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
             if (p.projects_q())
                 p.project(ZQ, p.WJ, Qt, rows, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
             Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
+            p.products(St, Ks, QtT, cols, s.D);
+            p.products(dPt, Vs, dOtT, cols, s.Dv);
             b.loop(
                 0, cols,
                 [&](Expr jj) {
                     Expr j = b.let(j0 + jj, "j");
                     int boundary = b.var(Type::f32, 0.0);
                     p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
-                        Expr sc = p.masked(
-                            p.score(Qt, ii, Ks, jj, u, ZQ, qlo, p.WJ, ZK, klo, p.W, i0 + ii, j),
-                            i0 + ii, j);
+                        Expr sc = p.masked(p.score(b.load(St, jj * J + ii), ii, jj, u, ZQ, qlo,
+                                                   p.WJ, ZK, klo, p.W, i0 + ii, j),
+                                           i0 + ii, j);
                         Expr pr = b.let(exp(sc - b.load(Lt, ii)), "p");
-                        b.loop(0, s.Dv, [&](Expr x) {
-                            b.add_to(dV, jj * s.Dv + x, pr * b.load(dOt, ii * s.Dv + x));
-                        });
-                        Expr dp = p.dot(dOt, ii * s.Dv, Vs, jj * s.Dv, s.Dv);
-                        Expr gs = b.let(pr * (dp - b.load(Dt, ii)) * s.scale, "gs");
-                        b.loop(0, s.D, [&](Expr x) {
-                            b.add_to(dK, jj * s.D + x, gs * b.load(Qt, ii * s.D + x));
-                        });
+                        Expr gs =
+                            b.let(pr * (b.load(dPt, jj * J + ii) - b.load(Dt, ii)) * s.scale, "gs");
+                        b.store(St, jj * J + ii, pr);
+                        b.store(dPt, jj * J + ii, gs);
                         if (s.ak)
                             b.when(
                                 saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
                                 [&] { b.add_to(dZ, jj * p.W + u - klo, gs); });
                     });
+                    p.weighted_rows(dV, jj, St, rows, dOt, s.Dv);
+                    p.weighted_rows(dK, jj, dPt, rows, Qt, s.D);
                     if (s.ak)
                         b.when(saturated,
                                [&] { b.add_to(dZ, jj * p.W + qlo - klo, b.get(boundary)); });
