@@ -520,10 +520,12 @@ void emit_line_kernel(llvm::Module& m, const std::string& name, bool f32, LineOp
     L.finish();
 }
 
-// The 14 line kernels (7 ops x f32/f64), compiled once per process on first use.
-LineKernel line_kernel(bool f32, LineOp op) {
+// The 14 line kernels (7 ops x f32/f64), compiled once per process on first use; `ir` gets the
+// optimised module's text.
+LineKernel line_kernel(bool f32, LineOp op, const std::string** ir = nullptr) {
     static std::once_flag once;
     static LineKernel table[2 * line_ops];
+    static std::string text;
     std::call_once(once, [] {
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module("rag_lines", *ctx);
@@ -532,10 +534,11 @@ LineKernel line_kernel(bool f32, LineOp op) {
         std::string err;
         llvm::raw_string_ostream es(err);
         if (llvm::verifyModule(*m, &es)) fail("internal: line kernels: ", es.str());
-        auto addrs = add_module(std::move(m), std::move(ctx), 2 * line_ops, "rag_lines_");
+        auto addrs = add_module(std::move(m), std::move(ctx), 2 * line_ops, "rag_lines_", &text);
         for (int k = 0; k < 2 * line_ops; ++k)
             table[k] = reinterpret_cast<LineKernel>(addrs[std::size_t(k)]);
     });
+    if (ir) *ir = &text;
     return table[2 * int(op) + (f32 ? 1 : 0)];
 }
 
@@ -693,6 +696,23 @@ std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<Ragge
 }
 
 } // namespace
+
+std::string line_kernel_ir(std::string_view op, DType t) {
+    const std::string* ir = nullptr;
+    const std::string names[] = {
+        "max", "min", "softmax", "logsumexp", "softmax_grad", "logsumexp_grad", "extreme_grad"};
+    int k = 0;
+    while (k < line_ops && names[k] != op) ++k;
+    if (k == line_ops || (t != DType::f32 && t != DType::f64)) fail("line_kernel_ir: ", op);
+    line_kernel(t == DType::f32, LineOp(k), &ir);
+    // The function's definition: from its `define` line to the closing brace.
+    const std::string name =
+        "@rag_lines_" + std::to_string(2 * k + (t == DType::f32 ? 1 : 0)) + "(";
+    const std::size_t at = ir->find(name);
+    const std::size_t begin = ir->rfind("define", at);
+    if (at == std::string::npos || begin == std::string::npos) return {};
+    return ir->substr(begin, ir->find("\n}\n", at) - begin);
+}
 
 bool is_segmented(const ir::Function& f, const ir::Node& n) {
     const DType t = n.type.dtype;

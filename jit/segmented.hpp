@@ -14,6 +14,9 @@ namespace rag::jit {
 // max/min/softmax/logsumexp family also on an unbatched array; sum/mean/max/min also without
 // axis=) runs as a segmented loop.
 bool is_segmented(const ir::Function& f, const ir::Node& n);
+// The optimised LLVM IR of the line kernel for `op` (max, min, softmax, logsumexp, softmax_grad,
+// logsumexp_grad, extreme_grad: reduce_grad of max/min) and dtype t (f32, f64), for tests.
+std::string line_kernel_ir(std::string_view op, DType t);
 // Runs it; `vals` holds its arguments.
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);
 

@@ -6,6 +6,7 @@
 #include "dsl/module.hpp"
 #include "frontend/lower.hpp"
 #include "jit/cpu_jit.hpp"
+#include "jit/segmented.hpp"
 #include "runtime/parallel.hpp"
 #include "tests/jit/tiers.hpp"
 #include "tests/support/testing.hpp"
@@ -430,6 +431,23 @@ TEST(CompiledOps, GlobalMaxMinCombineBlocks) {
                 }
                 EXPECT_EQ(got[1].to_f64(), want[1].to_f64());
             }
+}
+
+// The line kernels' inner loops are vectorised: explicit lanes for max/min, the loop vectoriser
+// (with libmvec's SIMD exp and log, as the fused loops) for the others.
+TEST(CompiledOps, LineKernelsAreVectorised) {
+    for (const char* op :
+         {"max", "min", "softmax", "logsumexp", "softmax_grad", "logsumexp_grad", "extreme_grad"}) {
+        const std::string ir = jit::line_kernel_ir(op, DType::f32);
+        ASSERT_FALSE(ir.empty()) << op;
+        EXPECT_NE(ir.find("<8 x float>"), std::string::npos) << op << "\n" << ir;
+        const std::string sop = op;
+        if (sop == "softmax" || sop == "logsumexp" || sop == "logsumexp_grad") {
+            EXPECT_NE(ir.find("@_ZGVdN8v_expf"), std::string::npos) << op << "\n" << ir;
+        }
+        EXPECT_NE(jit::line_kernel_ir(op, DType::f64).find("<4 x double>"), std::string::npos)
+            << op;
+    }
 }
 
 // NaN propagates through max and min, an empty max is -inf and an empty logsumexp -inf, as in
