@@ -89,13 +89,6 @@ struct Program {
     // Saved projection of token i of the sample at row u, rows from lo.
     Expr saved_at(Expr i, Expr u, Expr lo) { return ((o + i) * H + h) * WS + u - lo; }
 
-    Expr dot(int a, Expr a0, int c, Expr c0, std::int64_t len) {
-        int acc = b.var(Type::f32, 0.0);
-        b.loop(0, len,
-               [&](Expr x) { b.set(acc, b.get(acc) + b.load(a, a0 + x) * b.load(c, c0 + x)); });
-        return b.let(b.get(acc));
-    }
-
     // Copies rows [first, first + count) of a [T, H, width] buffer into scratch dst.
     void stage(int dst, int src, Expr first, Expr count, std::int64_t width) {
         b.loop(
@@ -126,21 +119,30 @@ struct Program {
             Loop::threads);
     }
 
-    // out[r * J + c] = sum_x a[r * width + x] bt[x * J + c] for r < rows and every c < J: a
-    // tile of dot products as rank-1 updates, vectorised over c (bt staged by stage_t).
-    void products(int out, int a, int bt, Expr rows, std::int64_t width) {
+    // out[r * J + c] = init(r) + sum_x a(r, x) bt[x * J + c] for r < rows and every c < J
+    // (init 0 when not given): a tile of dot products as rank-1 updates in x order, vectorised
+    // over c (bt staged by stage_t). Each element's sum has the same order wherever it is
+    // computed, so a product means the same bits in every program.
+    void products(int out, Expr rows, const std::function<Expr(Expr, Expr)>& a, int bt,
+                  std::int64_t width, const std::function<Expr(Expr)>& init = {}) {
         const auto J = RelposShape::J;
         b.loop(
             0, rows,
             [&](Expr r) {
-                b.loop(0, Expr(J), [&](Expr c) { b.store(out, r * J + c, 0.0); });
+                Expr first = init ? b.let(init(r), "init") : Expr(0.0);
+                b.loop(0, Expr(J), [&](Expr c) { b.store(out, r * J + c, first); });
                 b.loop(0, width, [&](Expr x) {
-                    Expr ax = b.let(b.load(a, r * width + x), "ax");
+                    Expr ax = b.let(a(r, x), "ax");
                     b.loop(0, Expr(J),
                            [&](Expr c) { b.add_to(out, r * J + c, ax * b.load(bt, x * J + c)); });
                 });
             },
             Loop::threads);
+    }
+    // The same for a row-major scratch tile a [rows][width].
+    void products(int out, Expr rows, int a, int bt, std::int64_t width) {
+        products(
+            out, rows, [&](Expr r, Expr x) { return b.load(a, r * width + x); }, bt, width);
     }
 
     // acc[r * width + x] += sum_c w[r * J + c] src[c * width + x] for c < count: rows of
@@ -154,35 +156,31 @@ struct Program {
         });
     }
 
-    // proj[r * stride + w] = src row r . table row lo + w (+ bias) for r < count, w < rows.
-    void project(int proj, Expr stride, int src, Expr count, int tab, Expr lo, Expr rows,
-                 bool with_bias) {
-        b.loop(
-            0, count,
-            [&](Expr r) {
-                b.loop(0, rows, [&](Expr w) {
-                    Expr z = dot(src, r * s.D, tab, table(lo + w, 0), s.D);
-                    if (with_bias) z = z + b.load(eb, h * U + lo + w);
-                    b.store(proj, r * stride + w, z);
-                });
-            },
-            Loop::threads);
+    // projT[w * J + r] = row r of srcT (a tile staged by stage_t) . table row lo + w (+ bias)
+    // for w < rows and every r < J: the tile's projections onto the rows it reaches.
+    void project(int projT, int srcT, int tab, Expr lo, Expr rows, bool with_bias) {
+        products(
+            projT, rows, [&](Expr w, Expr x) { return b.load(tab, table(lo + w, x)); }, srcT, s.D,
+            with_bias
+                ? std::function<Expr(Expr)>([&](Expr w) { return b.load(eb, h * U + lo + w); })
+                : std::function<Expr(Expr)>());
     }
 
-    // The scaled score of query row qi of the strip (query i of the sample) and key row kj
-    // (key j) at expanded row u given their content product t, the query-side projections zq
-    // (rows from qlo, stride qstride) and the key-side zk (from klo, stride kstride), or in
-    // saved shapes the saved projections of i and j.
-    Expr score(Expr t, Expr qi, Expr kj, Expr u, int zq, Expr qlo, Expr qstride, int zk, Expr klo,
-               Expr kstride, Expr i, Expr j) {
+    // The scaled score of query row qi of its tile (query i of the sample) and key row kj (key
+    // j) at expanded row u given their content product t, the query-side projections zq (by
+    // project, rows from qlo) and the key-side zk (rows from klo), or in saved shapes the
+    // saved projections of i and j.
+    Expr score(Expr t, Expr qi, Expr kj, Expr u, int zq, Expr qlo, int zk, Expr klo, Expr i,
+               Expr j) {
+        const auto J = RelposShape::J;
         if (s.aq)
-            t = t + (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i)))
-                             : b.load(zq, qi * qstride + u - qlo));
+            t = t +
+                (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i))) : b.load(zq, (u - qlo) * J + qi));
         else if (s.bias)
             t = t + b.load(eb, h * U + u);
         if (s.ak)
-            t = t + (s.saved ? b.load(zks, saved_at(j, u, k_lo(j)))
-                             : b.load(zk, kj * kstride + u - klo));
+            t = t +
+                (s.saved ? b.load(zks, saved_at(j, u, k_lo(j))) : b.load(zk, (u - klo) * J + kj));
         return t * s.scale;
     }
 
@@ -220,7 +218,7 @@ struct Program {
         if (VsT >= 0) stage_t(VsT, v, j0, cols, s.Dv);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
-        if (projects_k()) project(ZK, WJ, Ks, cols, ek, klo, row(dmax) - klo + 1, false);
+        if (projects_k()) project(ZK, KsT, ek, klo, row(dmax) - klo + 1, false);
         return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
     }
 
@@ -266,8 +264,8 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
     p.saved_buffers();
     const int Qs = b.scratch("Qs", p.G * s.D),
-              ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.G * p.W));
-    const int Ks = p.projects_k() ? b.scratch("Ks", Expr(J * s.D)) : -1;
+              ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.W * J));
+    const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int KsT = b.scratch("KsT", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
@@ -286,20 +284,23 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
         Loop::threads);
     Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
     Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
-    if (p.projects_q()) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
+    if (p.projects_q()) {
+        p.stage_t(QsT, p.q, i0, rows, s.D);
+        p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
+    }
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
     b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-        auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, KsT, Vs, -1, ZK);
-        p.products(S, Qs, KsT, rows, s.D);
+        auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, -1, KsT, Vs, -1, ZK);
+        p.products(S, rows, Qs, KsT, s.D);
         b.loop(
             0, rows,
             [&](Expr g) {
                 Expr i = b.let(i0 + g, "i");
                 int top = b.var(Type::f32, minus_inf);
                 p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                    Expr sc = p.masked(p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, p.W, ZK,
-                                               klo, p.WJ, i, j0 + jj),
-                                       i, j0 + jj);
+                    Expr sc = p.masked(
+                        p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, ZK, klo, i, j0 + jj), i,
+                        j0 + jj);
                     b.store(S, g * J + jj, sc);
                     b.set(top, max(b.get(top), sc));
                 });
@@ -351,7 +352,8 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     p.saved_buffers();
     const int Qs = b.scratch("Qs", p.G * s.D), dOs = b.scratch("dOs", p.G * s.Dv);
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
-    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.G * p.W));
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.W * J));
+    const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
     const int Ks = b.scratch("Ks", Expr(J * s.D)), KsT = b.scratch("KsT", Expr(J * s.D));
@@ -394,12 +396,15 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                 if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
             },
             Loop::threads);
-        if (p.projects_q()) p.project(ZQ, p.W, Qs, rows, p.eq, qlo, wq, s.bias);
+        if (p.projects_q()) {
+            p.stage_t(QsT, p.q, i0, rows, s.D);
+            p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
+        }
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
             auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, KsT, -1, VsT, ZK);
-            p.products(S, Qs, KsT, rows, s.D);
-            p.products(dP, dOs, VsT, rows, s.Dv);
+            p.products(S, rows, Qs, KsT, s.D);
+            p.products(dP, rows, dOs, VsT, s.Dv);
             b.loop(
                 0, rows,
                 [&](Expr g) {
@@ -407,9 +412,9 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                     // Score gradients by offset; a saturated tile pair adds to one boundary sum.
                     int boundary = b.var(Type::f32, 0.0);
                     p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                        Expr sc = p.masked(p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, p.W,
-                                                   ZK, klo, p.WJ, i, j0 + jj),
-                                           i, j0 + jj);
+                        Expr sc = p.masked(
+                            p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, ZK, klo, i, j0 + jj),
+                            i, j0 + jj);
                         Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
                         Expr gs =
                             b.let(pr * (b.load(dP, g * J + jj) - b.load(Dg, g)) * s.scale, "gs");
@@ -464,7 +469,8 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int range = b.buffer("range", kir::Elem::i64);
     p.saved_buffers();
     const int Ks = b.scratch("Ks", p.G * s.D), Vs = b.scratch("Vs", p.G * s.Dv);
-    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.G * p.W));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.W * J));
+    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
     const int Qt = b.scratch("Qt", Expr(J * s.D)), dOt = b.scratch("dOt", Expr(J * s.Dv));
@@ -499,7 +505,10 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 if (s.ak) b.loop(0, wk, [&](Expr w) { b.store(dZ, jj * p.W + w, 0.0); });
             },
             Loop::threads);
-        if (p.projects_k()) p.project(ZK, p.W, Ks, cols, p.ek, klo, wk, false);
+        if (p.projects_k()) {
+            p.stage_t(KsT, p.k, j0, cols, s.D);
+            p.project(ZK, KsT, p.ek, klo, wk, false);
+        }
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
             Expr i0 = b.let(first + t * J, "i0");
@@ -517,19 +526,18 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 Loop::threads);
             Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
             Expr qlo = b.let(p.row(dmin), "qlo");
-            if (p.projects_q())
-                p.project(ZQ, p.WJ, Qt, rows, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
+            if (p.projects_q()) p.project(ZQ, QtT, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
             Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
-            p.products(St, Ks, QtT, cols, s.D);
-            p.products(dPt, Vs, dOtT, cols, s.Dv);
+            p.products(St, cols, Ks, QtT, s.D);
+            p.products(dPt, cols, Vs, dOtT, s.Dv);
             b.loop(
                 0, cols,
                 [&](Expr jj) {
                     Expr j = b.let(j0 + jj, "j");
                     int boundary = b.var(Type::f32, 0.0);
                     p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
-                        Expr sc = p.masked(p.score(b.load(St, jj * J + ii), ii, jj, u, ZQ, qlo,
-                                                   p.WJ, ZK, klo, p.W, i0 + ii, j),
+                        Expr sc = p.masked(p.score(b.load(St, jj * J + ii), ii, jj, u, ZQ, qlo, ZK,
+                                                   klo, i0 + ii, j),
                                            i0 + ii, j);
                         Expr pr = b.let(exp(sc - b.load(Lt, ii)), "p");
                         Expr gs =
@@ -576,24 +584,28 @@ kir::Kernel relpos_project_program(const RelposShape& s) {
     Program p("relpos_project", s);
     Builder& b = p.b;
     p.saved_buffers();
-    const int Xs = b.scratch("Xs", p.G * s.D);
+    const auto J = RelposShape::J;
+    const int XsT = b.scratch("XsT", Expr(J * s.D)), PT = b.scratch("PT", p.W * J);
     p.own_strip();
     Expr i0 = p.start, n = p.n;
     Expr rows = b.let(min(p.G, n - i0), "rows");
-    // Each token's projections onto the rows it reaches, by the same dot products (in the same
-    // order) as the strip and tile projections of the unsaved programs.
+    // The strip's projections onto the rows its tokens reach, by the same products as the
+    // strip and tile projections of the unsaved programs (so the same bits), then each token's
+    // own rows.
     auto save = [&](int src, int tab, int dst, bool with_bias, bool query) {
-        p.stage(Xs, src, i0, rows, s.D);
+        Expr lo = b.let(query ? p.q_lo(i0) : p.k_lo(i0 + rows - 1), "lo");
+        Expr hi = b.let(query ? p.row(i0 + rows - 1) : p.row(n - 1 - i0), "hi");
+        p.stage_t(XsT, src, i0, rows, s.D);
+        p.project(PT, XsT, tab, lo, hi - lo + 1, with_bias);
         b.loop(
             0, rows,
             [&](Expr g) {
                 Expr i = b.let(i0 + g, "i");
-                Expr lo = b.let(query ? p.q_lo(i) : p.k_lo(i), "lo");
-                Expr hi = query ? p.row(i) : p.row(n - 1 - i);
-                b.loop(0, hi - lo + 1, [&](Expr w) {
-                    Expr z = p.dot(Xs, g * s.D, tab, p.table(lo + w, 0), s.D);
-                    if (with_bias) z = z + b.load(p.eb, p.h * p.U + lo + w);
-                    b.store(dst, p.saved_at(i, lo + w, lo), z);
+                Expr first = b.let(query ? p.q_lo(i) : p.k_lo(i), "first");
+                Expr last = query ? p.row(i) : p.row(n - 1 - i);
+                b.loop(0, last - first + 1, [&](Expr w) {
+                    b.store(dst, p.saved_at(i, first + w, first),
+                            b.load(PT, (first + w - lo) * J + g));
                 });
             },
             Loop::threads);
