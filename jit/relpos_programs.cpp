@@ -200,6 +200,25 @@ struct Program {
             [&] { b.loop(0, count, [&](Expr ii) { body(ii, pair_row(i0 + ii - j)); }); });
     }
 
+    // Score gradients by offset: dZ[at + u] += gs[from + c] for c < count, where pair c reads
+    // row u = pair_row(d0 + step c); a saturated tile pair (all read u0) adds one boundary sum.
+    // Apart from the pair loop so that loop vectorises (rows repeat where offsets clamp).
+    void by_offset(int dZ, Expr at, int gs, Expr from, Expr saturated, Expr u0, Expr count, Expr d0,
+                   std::int64_t step) {
+        b.when(
+            saturated,
+            [&] {
+                int sum = b.var(Type::f32, 0.0);
+                b.loop(0, count, [&](Expr c) { b.set(sum, b.get(sum) + b.load(gs, from + c)); });
+                b.add_to(dZ, at + u0, b.get(sum));
+            },
+            [&] {
+                b.loop(0, count, [&](Expr c) {
+                    b.add_to(dZ, at + pair_row(d0 + c * step), b.load(gs, from + c));
+                });
+            });
+    }
+
     struct KeyTile {
         Expr j0, cols, klo, saturated;
     };
@@ -409,8 +428,6 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                 0, rows,
                 [&](Expr g) {
                     Expr i = b.let(i0 + g, "i");
-                    // Score gradients by offset; a saturated tile pair adds to one boundary sum.
-                    int boundary = b.var(Type::f32, 0.0);
                     p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
                         Expr sc = p.masked(
                             p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, ZK, klo, i, j0 + jj),
@@ -419,15 +436,10 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                         Expr gs =
                             b.let(pr * (b.load(dP, g * J + jj) - b.load(Dg, g)) * s.scale, "gs");
                         b.store(S, g * J + jj, gs);
-                        if (by_row)
-                            b.when(
-                                saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
-                                [&] { b.add_to(dZ, g * p.W + u - qlo, gs); });
                     });
                     p.weighted_rows(dQ, g, S, cols, Ks, s.D);
                     if (by_row)
-                        b.when(saturated,
-                               [&] { b.add_to(dZ, g * p.W + klo - qlo, b.get(boundary)); });
+                        p.by_offset(dZ, g * p.W - qlo, S, g * J, saturated, klo, cols, i - j0, -1);
                 },
                 Loop::threads);
         });
@@ -534,7 +546,6 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 0, cols,
                 [&](Expr jj) {
                     Expr j = b.let(j0 + jj, "j");
-                    int boundary = b.var(Type::f32, 0.0);
                     p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
                         Expr sc = p.masked(p.score(b.load(St, jj * J + ii), ii, jj, u, ZQ, qlo, ZK,
                                                    klo, i0 + ii, j),
@@ -544,16 +555,12 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                             b.let(pr * (b.load(dPt, jj * J + ii) - b.load(Dt, ii)) * s.scale, "gs");
                         b.store(St, jj * J + ii, pr);
                         b.store(dPt, jj * J + ii, gs);
-                        if (s.ak)
-                            b.when(
-                                saturated, [&] { b.set(boundary, b.get(boundary) + gs); },
-                                [&] { b.add_to(dZ, jj * p.W + u - klo, gs); });
                     });
                     p.weighted_rows(dV, jj, St, rows, dOt, s.Dv);
                     p.weighted_rows(dK, jj, dPt, rows, Qt, s.D);
                     if (s.ak)
-                        b.when(saturated,
-                               [&] { b.add_to(dZ, jj * p.W + qlo - klo, b.get(boundary)); });
+                        p.by_offset(dZ, jj * p.W - klo, dPt, jj * J, saturated, qlo, rows, i0 - j,
+                                    1);
                 },
                 Loop::threads);
         });
