@@ -311,6 +311,7 @@ class CpuLowering final : public KirLowering {
         auto* ptr = llvm::PointerType::get(ctx, 0);
         auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr}, false);
         auto* fn = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+        fn->addFnAttr("prefer-vector-width", "512");
         auto args = fn->arg_begin();
         llvm::Value *begin = args++, *end = args++, *bufs = args++, *pars = args++,
                     *scratch = args++;
