@@ -24,6 +24,8 @@ kir::Elem elem_of(DType t) {
 }
 
 const double minus_inf = -INFINITY;
+// Running maxima per row in the forward (one vector register of f32 on AVX-512).
+constexpr std::int64_t lanes = 16;
 
 // What every program shares: parameters, the input buffers, the strip it owns, and the
 // arithmetic of scores. Buffers are declared in the documented launch order.
@@ -276,6 +278,7 @@ struct Program {
 } // namespace
 
 kir::Kernel relpos_forward_program(const RelposShape& s) {
+    static_assert(RelposShape::J % lanes == 0);
     Program p("relpos_forward", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
@@ -288,7 +291,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     const int KsT = b.scratch("KsT", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
-    const int A = b.scratch("A", p.G * s.Dv);
+    const int A = b.scratch("A", p.G * s.Dv), T = b.scratch("T", p.G * lanes);
     p.own_strip();
     Expr i0 = p.start, n = p.n;
     Expr rows = b.let(min(p.G, n - i0), "rows");
@@ -315,14 +318,25 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
             0, rows,
             [&](Expr g) {
                 Expr i = b.let(i0 + g, "i");
-                int top = b.var(Type::f32, minus_inf);
                 p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
                     Expr sc = p.masked(
                         p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, ZK, klo, i, j0 + jj), i,
                         j0 + jj);
                     b.store(S, g * J + jj, sc);
-                    b.set(top, max(b.get(top), sc));
                 });
+                // The row maximum: `lanes` running maxima over the padded row (elementwise,
+                // so it vectorises where a scalar max reduction would not), then their max.
+                b.loop(cols, Expr(J), [&](Expr jj) { b.store(S, g * J + jj, minus_inf); });
+                b.loop(0, Expr(lanes), [&](Expr c) { b.store(T, g * lanes + c, minus_inf); });
+                b.loop(0, Expr(J / lanes), [&](Expr blk) {
+                    b.loop(0, Expr(lanes), [&](Expr c) {
+                        b.store(T, g * lanes + c,
+                                max(b.load(T, g * lanes + c), b.load(S, g * J + blk * lanes + c)));
+                    });
+                });
+                int top = b.var(Type::f32, minus_inf);
+                b.loop(0, Expr(lanes),
+                       [&](Expr c) { b.set(top, max(b.get(top), b.load(T, g * lanes + c))); });
                 // Online softmax; a row whose scores are all masked so far stays as it is.
                 Expr m_new = b.let(max(b.load(M, g), b.get(top)), "m_new");
                 b.when(m_new > Expr(minus_inf), [&] {
