@@ -26,6 +26,9 @@ kir::Elem elem_of(DType t) {
 const double minus_inf = -INFINITY;
 // Running maxima per row in the forward (one vector register of f32 on AVX-512).
 constexpr std::int64_t lanes = 16;
+// Rows per pass of products(); the strip G (a multiple of it) and the scratch it writes are
+// sized for it.
+constexpr std::int64_t block = 4;
 
 // What every program shares: parameters, the input buffers, the strip it owns, and the
 // arithmetic of scores. Buffers are declared in the documented launch order.
@@ -123,24 +126,36 @@ struct Program {
 
     // out[r * J + c] = init(r) + sum_x a(r, x) bt[x * J + c] for r < rows and every c < J
     // (init 0 when not given): a tile of dot products as rank-1 updates in x order, vectorised
-    // over c (bt staged by stage_t). Each element's sum has the same order wherever it is
-    // computed, so a product means the same bits in every program.
+    // over c (bt staged by stage_t), `block` rows at a time so each load of bt feeds `block`
+    // rows. Each element's sum has the same order wherever it is computed, so a product means
+    // the same bits in every program. Rows up to the next multiple of `block` are written too
+    // (copies of the last row): out holds padded(rows) rows.
     void products(int out, Expr rows, const std::function<Expr(Expr, Expr)>& a, int bt,
                   std::int64_t width, const std::function<Expr(Expr)>& init = {}) {
         const auto J = RelposShape::J;
         b.loop(
-            0, rows,
-            [&](Expr r) {
-                Expr first = init ? b.let(init(r), "init") : Expr(0.0);
-                b.loop(0, Expr(J), [&](Expr c) { b.store(out, r * J + c, first); });
+            0, kir::ceil_div(rows, block),
+            [&](Expr rb) {
+                std::vector<Expr> r, ra;
+                for (std::int64_t k = 0; k < block; ++k) {
+                    r.push_back(b.let(rb * block + k, "r"));
+                    ra.push_back(b.let(min(r.back(), rows - 1), "ra")); // the row a reads
+                    Expr first = init ? b.let(init(ra.back()), "init") : Expr(0.0);
+                    b.loop(0, Expr(J), [&](Expr c) { b.store(out, r.back() * J + c, first); });
+                }
                 b.loop(0, width, [&](Expr x) {
-                    Expr ax = b.let(a(r, x), "ax");
-                    b.loop(0, Expr(J),
-                           [&](Expr c) { b.add_to(out, r * J + c, ax * b.load(bt, x * J + c)); });
+                    std::vector<Expr> ax;
+                    for (std::int64_t k = 0; k < block; ++k) ax.push_back(b.let(a(ra[k], x), "ax"));
+                    b.loop(0, Expr(J), [&](Expr c) {
+                        Expr y = b.let(b.load(bt, x * J + c), "y");
+                        for (std::int64_t k = 0; k < block; ++k)
+                            b.add_to(out, r[k] * J + c, ax[k] * y);
+                    });
                 });
             },
             Loop::threads);
     }
+    static Expr padded(Expr rows) { return rows + (block - 1); }
     // The same for a row-major scratch tile a [rows][width].
     void products(int out, Expr rows, int a, int bt, std::int64_t width) {
         products(
@@ -286,10 +301,10 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
     p.saved_buffers();
     const int Qs = b.scratch("Qs", p.G * s.D),
-              ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.W * J));
+              ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int KsT = b.scratch("KsT", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
-    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
     const int A = b.scratch("A", p.G * s.Dv), T = b.scratch("T", p.G * lanes);
     p.own_strip();
@@ -385,13 +400,13 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     p.saved_buffers();
     const int Qs = b.scratch("Qs", p.G * s.D), dOs = b.scratch("dOs", p.G * s.Dv);
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
-    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.W * J));
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
     const int Ks = b.scratch("Ks", Expr(J * s.D)), KsT = b.scratch("KsT", Expr(J * s.D));
     const int VsT = b.scratch("VsT", Expr(J * s.Dv));
-    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.WJ * J));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", p.G * J), dP = b.scratch("dP", p.G * J);
     p.own_strip();
     Expr n = p.n;
@@ -495,7 +510,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int range = b.buffer("range", kir::Elem::i64);
     p.saved_buffers();
     const int Ks = b.scratch("Ks", p.G * s.D), Vs = b.scratch("Vs", p.G * s.Dv);
-    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.W * J));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.W) * J));
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
@@ -503,7 +518,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int QtT = b.scratch("QtT", Expr(J * s.D)), dOtT = b.scratch("dOtT", Expr(J * s.Dv));
     const int St = b.scratch("St", p.G * J), dPt = b.scratch("dPt", p.G * J);
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
-    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.WJ * J));
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.WJ) * J));
     p.own_strip();
     Expr n = p.n;
     Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
@@ -606,7 +621,7 @@ kir::Kernel relpos_project_program(const RelposShape& s) {
     Builder& b = p.b;
     p.saved_buffers();
     const auto J = RelposShape::J;
-    const int XsT = b.scratch("XsT", Expr(J * s.D)), PT = b.scratch("PT", p.W * J);
+    const int XsT = b.scratch("XsT", Expr(J * s.D)), PT = b.scratch("PT", p.padded(p.W) * J);
     p.own_strip();
     Expr i0 = p.start, n = p.n;
     Expr rows = b.let(min(p.G, n - i0), "rows");

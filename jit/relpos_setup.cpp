@@ -40,7 +40,7 @@ RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, cons
     for (std::int64_t b = 0; b < q.batch(); ++b)
         longest = std::max(longest, q.structure().size(b, 0));
     // Strips of G tokens reach at most W expanded rows; a whole sample reaches WP.
-    s.G = 64;
+    s.G = 64; // = RelposShape::J: strips are staged transposed in J-wide tiles
     s.W = std::min(longest + s.G - 1, s.U);
     s.WP = std::max<std::int64_t>(std::min(2 * longest - 1, s.U), 1);
     s.WS = std::max<std::int64_t>(std::min(longest, s.U), 1); // one token's reach
