@@ -142,6 +142,48 @@ class GroupEmitter {
     std::map<int, llvm::Value*> vals_;
 };
 
+// x @ W over packed rows, or the weight gradient x^T g over packed rows: one GEMM each,
+// whatever the ragged structure of x.
+void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedTensor>& vals) {
+    const RaggedTensor& a = vals[std::size_t(n.args[0])];
+    const RaggedTensor& b = vals[std::size_t(n.args[1])];
+    if (n.op == "matmul" && b.shape().batched) {
+        result = run_batched_gemm(n, vals);
+        return;
+    }
+    const bool weight_grad = n.op == "matmul_weight_grad";
+    const std::int64_t C = weight_grad ? n.type.shape.axes[0].extent : b.shape().axes[0].extent;
+    const std::int64_t D = weight_grad ? n.type.shape.axes[1].extent : b.shape().axes[1].extent;
+    StructurePtr st;
+    if (weight_grad) {
+        st = Structure::make(n.type.shape, 1, {C, D});
+    } else {
+        std::vector<std::int64_t> sizes = a.structure().sizes();
+        const int d = a.structure().rank();
+        for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
+        st = Structure::make(n.type.shape, a.batch(), sizes);
+    }
+    const std::int64_t rows = C ? a.numel() / C : 0;
+    if (rows == 0 || C == 0 || D == 0) { // nothing to multiply: zeros
+        result = RaggedTensor::zeros(n.type.dtype, st);
+        return;
+    }
+    result = uninitialized(n.type.dtype, st); // the GEMM (beta = 0) writes every element
+    // Row-major: out[rows, D] = a[rows, C] b[C, D], or out[C, D] = a[rows, C]^T b[rows, D].
+    const auto ta = weight_grad ? CblasTrans : CblasNoTrans;
+    const int m = int(weight_grad ? C : rows), k = int(weight_grad ? rows : C);
+    if (n.type.dtype == DType::f32)
+        cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0f,
+                    static_cast<const float*>(a.data()), int(C),
+                    static_cast<const float*>(b.data()), int(D), 0.0f,
+                    static_cast<float*>(result.mutable_data()), int(D));
+    else
+        cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0,
+                    static_cast<const double*>(a.data()), int(C),
+                    static_cast<const double*>(b.data()), int(D), 0.0,
+                    static_cast<double*>(result.mutable_data()), int(D));
+}
+
 class CompiledCpu final : public CpuFunction {
   public:
     explicit CompiledCpu(const ir::Function& f) : f_(f), plan_(make_plan(f)) {
@@ -187,18 +229,8 @@ class CompiledCpu final : public CpuFunction {
                   RelposNodes<RelposOnCpu>& relpos) const {
         if (s.kind == Step::Kind::fused)
             run_group(std::size_t(s.index), vals);
-        else if (s.kind == Step::Kind::segmented)
-            vals[std::size_t(s.index)] = run_segmented(f_.nodes[std::size_t(s.index)], vals);
-        else if (s.kind == Step::Kind::layout)
-            vals[std::size_t(s.index)] = run_layout(f_.nodes[std::size_t(s.index)], vals);
-        else if (s.kind == Step::Kind::rowwise)
-            run_rowwise(f_, s.index, s.also, vals);
-        else if (s.kind == Step::Kind::attention)
-            run_attention(f_, s.index, s.also, vals);
-        else if (s.kind == Step::Kind::gemm)
-            run_gemm(f_.nodes[std::size_t(s.index)], vals[std::size_t(s.index)], vals);
-        else if (!relpos.run(f_, std::size_t(s.index), vals)) // fused tile kernels
-            reference(std::size_t(s.index), vals);
+        else if (!run_host_step(f_, s, vals) && !relpos.run(f_, std::size_t(s.index), vals))
+            reference(std::size_t(s.index), vals); // relpos: fused tile kernels
     }
 
     void reference(std::size_t i, std::vector<RaggedTensor>& vals) const {
@@ -256,49 +288,6 @@ class CompiledCpu final : public CpuFunction {
         });
     }
 
-    // x @ W over packed rows, or the weight gradient x^T g over packed rows: one GEMM each,
-    // whatever the ragged structure of x.
-    static void run_gemm(const ir::Node& n, RaggedTensor& result,
-                         const std::vector<RaggedTensor>& vals) {
-        const RaggedTensor& a = vals[std::size_t(n.args[0])];
-        const RaggedTensor& b = vals[std::size_t(n.args[1])];
-        if (n.op == "matmul" && b.shape().batched) {
-            result = run_batched_gemm(n, vals);
-            return;
-        }
-        const bool weight_grad = n.op == "matmul_weight_grad";
-        const std::int64_t C = weight_grad ? n.type.shape.axes[0].extent : b.shape().axes[0].extent;
-        const std::int64_t D = weight_grad ? n.type.shape.axes[1].extent : b.shape().axes[1].extent;
-        StructurePtr st;
-        if (weight_grad) {
-            st = Structure::make(n.type.shape, 1, {C, D});
-        } else {
-            std::vector<std::int64_t> sizes = a.structure().sizes();
-            const int d = a.structure().rank();
-            for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
-            st = Structure::make(n.type.shape, a.batch(), sizes);
-        }
-        const std::int64_t rows = C ? a.numel() / C : 0;
-        if (rows == 0 || C == 0 || D == 0) { // nothing to multiply: zeros
-            result = RaggedTensor::zeros(n.type.dtype, st);
-            return;
-        }
-        result = uninitialized(n.type.dtype, st); // the GEMM (beta = 0) writes every element
-        // Row-major: out[rows, D] = a[rows, C] b[C, D], or out[C, D] = a[rows, C]^T b[rows, D].
-        const auto ta = weight_grad ? CblasTrans : CblasNoTrans;
-        const int m = int(weight_grad ? C : rows), k = int(weight_grad ? rows : C);
-        if (n.type.dtype == DType::f32)
-            cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0f,
-                        static_cast<const float*>(a.data()), int(C),
-                        static_cast<const float*>(b.data()), int(D), 0.0f,
-                        static_cast<float*>(result.mutable_data()), int(D));
-        else
-            cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0,
-                        static_cast<const double*>(a.data()), int(C),
-                        static_cast<const double*>(b.data()), int(D), 0.0,
-                        static_cast<double*>(result.mutable_data()), int(D));
-    }
-
     ir::Function f_;
     Plan plan_;
     std::string ir_;
@@ -308,6 +297,32 @@ class CompiledCpu final : public CpuFunction {
 };
 
 } // namespace
+
+bool run_host_step(const ir::Function& f, const Step& s, std::vector<RaggedTensor>& vals) {
+    const ir::Node& n = f.nodes[std::size_t(s.index)];
+    RaggedTensor& out = vals[std::size_t(s.index)];
+    switch (s.kind) {
+    case Step::Kind::segmented:
+        out = run_segmented(n, vals);
+        return true;
+    case Step::Kind::layout:
+        out = run_layout(n, vals);
+        return true;
+    case Step::Kind::rowwise:
+        run_rowwise(f, s.index, s.also, vals);
+        return true;
+    case Step::Kind::attention:
+        run_attention(f, s.index, s.also, vals);
+        return true;
+    case Step::Kind::gemm:
+        run_gemm(n, out, vals);
+        return true;
+    case Step::Kind::fused:
+    case Step::Kind::reference:
+        break;
+    }
+    return false;
+}
 
 std::unique_ptr<CpuFunction> compile_cpu(const ir::Function& f) {
     return std::make_unique<CompiledCpu>(f);

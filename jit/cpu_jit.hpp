@@ -19,4 +19,9 @@ class CpuFunction {
 
 std::unique_ptr<CpuFunction> compile_cpu(const ir::Function& f);
 
+// Runs one host step of a plan (gemm, segmented, rowwise, attention, layout; siblings in
+// s.also included) with the CPU tier's kernels into vals; false for fused and reference steps.
+// The GPU tier runs the steps it has no device kernel for through this too.
+bool run_host_step(const ir::Function& f, const Step& s, std::vector<RaggedTensor>& vals);
+
 } // namespace rag::jit

@@ -1,6 +1,7 @@
 #include "jit/gpu_function.hpp"
 
 #include "ir/interpreter.hpp"
+#include "jit/cpu_jit.hpp"
 #include "jit/kir_gpu.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos_gpu.hpp"
@@ -71,12 +72,15 @@ class CompiledGpu final : public GpuFunction {
                 run_group(std::size_t(s.index), vals);
                 continue;
             }
-            // A step may compute sibling nodes too (rowwise, attention: every wrt of one
-            // gradient); on the host each runs its own reference kernel.
+            // Device kernels where there are some; else the CPU tier's host kernels (GEMMs,
+            // norms, attention, layout, other reductions), which also compute the sibling
+            // gradients of a rowwise or attention step; else the reference kernels.
             const std::size_t i = std::size_t(s.index);
-            if (!relpos.run(f_, i, vals) && !run_segment_program(f_.nodes[i], i, vals))
-                reference(i, vals);
-            for (int i : s.also) reference(std::size_t(i), vals);
+            if (relpos.run(f_, i, vals) || run_segment_program(f_.nodes[i], i, vals) ||
+                run_host_step(f_, s, vals))
+                continue;
+            reference(i, vals);
+            for (int j : s.also) reference(std::size_t(j), vals);
         }
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
