@@ -162,15 +162,32 @@ struct Program {
             out, rows, [&](Expr r, Expr x) { return b.load(a, r * width + x); }, bt, width);
     }
 
-    // acc[r * width + x] += sum_c w[r * J + c] src[c * width + x] for c < count: rows of
-    // weights times a row-major tile, vectorised over x.
-    void weighted_rows(int acc, Expr r, int w, Expr count, int src, std::int64_t width) {
+    // acc[r * width + x] += sum_c w[r * J + c] src[c * width + x] for r < rows, c < count:
+    // rows of weights times a row-major tile, vectorised over x, `block` rows at a time (rows
+    // past the end, up to the next multiple of `block`, take the last row's weights; acc holds
+    // them). Each element sums in c order.
+    void weighted_rows(int acc, Expr rows, int w, Expr count, int src, std::int64_t width) {
         const auto J = RelposShape::J;
-        b.loop(0, count, [&](Expr c) {
-            Expr wc = b.let(b.load(w, r * J + c), "wc");
-            b.loop(0, width,
-                   [&](Expr x) { b.add_to(acc, r * width + x, wc * b.load(src, c * width + x)); });
-        });
+        b.loop(
+            0, kir::ceil_div(rows, block),
+            [&](Expr rb) {
+                std::vector<Expr> r, ra;
+                for (std::int64_t k = 0; k < block; ++k) {
+                    r.push_back(b.let(rb * block + k, "r"));
+                    ra.push_back(b.let(min(r.back(), rows - 1), "ra"));
+                }
+                b.loop(0, count, [&](Expr c) {
+                    std::vector<Expr> wc;
+                    for (std::int64_t k = 0; k < block; ++k)
+                        wc.push_back(b.let(b.load(w, ra[k] * J + c), "wc"));
+                    b.loop(0, width, [&](Expr x) {
+                        Expr y = b.let(b.load(src, c * width + x), "y");
+                        for (std::int64_t k = 0; k < block; ++k)
+                            b.add_to(acc, r[k] * width + x, wc[k] * y);
+                    });
+                });
+            },
+            Loop::threads);
     }
 
     // projT[w * J + r] = row r of srcT (a tile staged by stage_t) . table row lo + w (+ bias)
@@ -354,23 +371,26 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                        [&](Expr c) { b.set(top, max(b.get(top), b.load(T, g * lanes + c))); });
                 // Online softmax; a row whose scores are all masked so far stays as it is.
                 Expr m_new = b.let(max(b.load(M, g), b.get(top)), "m_new");
-                b.when(m_new > Expr(minus_inf), [&] {
-                    Expr corr = b.let(exp(b.load(M, g) - m_new), "corr");
-                    int sum = b.var(Type::f32, b.load(L, g) * corr);
-                    b.loop(0, s.Dv, [&](Expr x) {
-                        b.store(A, g * s.Dv + x, b.load(A, g * s.Dv + x) * corr);
-                    });
-                    b.loop(0, cols, [&](Expr jj) {
-                        Expr pr = b.let(exp(b.load(S, g * J + jj) - m_new), "p");
-                        b.store(S, g * J + jj, pr);
-                        b.set(sum, b.get(sum) + pr);
-                    });
-                    p.weighted_rows(A, g, S, cols, Vs, s.Dv);
-                    b.store(L, g, b.get(sum));
-                    b.store(M, g, m_new);
-                });
+                b.when(
+                    m_new > Expr(minus_inf),
+                    [&] {
+                        Expr corr = b.let(exp(b.load(M, g) - m_new), "corr");
+                        int sum = b.var(Type::f32, b.load(L, g) * corr);
+                        b.loop(0, s.Dv, [&](Expr x) {
+                            b.store(A, g * s.Dv + x, b.load(A, g * s.Dv + x) * corr);
+                        });
+                        b.loop(0, cols, [&](Expr jj) {
+                            Expr pr = b.let(exp(b.load(S, g * J + jj) - m_new), "p");
+                            b.store(S, g * J + jj, pr);
+                            b.set(sum, b.get(sum) + pr);
+                        });
+                        b.store(L, g, b.get(sum));
+                        b.store(M, g, m_new);
+                    },
+                    [&] { b.loop(0, cols, [&](Expr jj) { b.store(S, g * J + jj, 0.0); }); });
             },
             Loop::threads);
+        p.weighted_rows(A, rows, S, cols, Vs, s.Dv); // S holds the probabilities now
     });
     b.loop(
         0, rows,
@@ -466,11 +486,11 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                             b.let(pr * (b.load(dP, g * J + jj) - b.load(Dg, g)) * s.scale, "gs");
                         b.store(S, g * J + jj, gs);
                     });
-                    p.weighted_rows(dQ, g, S, cols, Ks, s.D);
                     if (by_row)
                         p.by_offset(dZ, g * p.W - qlo, S, g * J, saturated, klo, cols, i - j0, -1);
                 },
                 Loop::threads);
+            p.weighted_rows(dQ, rows, S, cols, Ks, s.D); // S holds the score gradients now
         });
         // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
         b.loop(
@@ -585,13 +605,14 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                         b.store(St, jj * J + ii, pr);
                         b.store(dPt, jj * J + ii, gs);
                     });
-                    p.weighted_rows(dV, jj, St, rows, dOt, s.Dv);
-                    p.weighted_rows(dK, jj, dPt, rows, Qt, s.D);
                     if (s.ak)
                         p.by_offset(dZ, jj * p.W - klo, dPt, jj * J, saturated, qlo, rows, i0 - j,
                                     1);
                 },
                 Loop::threads);
+            // St and dPt hold the probabilities and score gradients now.
+            p.weighted_rows(dV, cols, St, rows, dOt, s.Dv);
+            p.weighted_rows(dK, cols, dPt, rows, Qt, s.D);
         });
         b.loop(
             0, cols,
