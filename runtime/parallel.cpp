@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -16,6 +18,94 @@ int default_threads() {
 }
 
 std::atomic<int> chosen{0};
+
+// Chunks per thread: ragged work is uneven (one long sample among short ones), so a call is cut
+// into more chunks than threads and each thread takes the next chunk when it is done.
+constexpr std::int64_t chunks_per_thread = 8;
+
+// Threads that live as long as the process and wait for work, so a call costs a wake-up, not a
+// thread start. One call runs at a time; a call made while another runs (a nested call, or one
+// from a second user thread) runs on its own thread alone.
+class Pool {
+  public:
+    // Runs fn(c) for every c in [0, chunks) on the calling thread and `helpers` pool threads.
+    void run(int helpers, std::int64_t chunks, const std::function<void(std::int64_t)>& fn) {
+        auto alone = [&] {
+            for (std::int64_t c = 0; c < chunks; ++c) fn(c);
+        };
+        if (inside_) return alone(); // a call from inside a chunk
+        std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+        if (!busy.owns_lock()) return alone(); // another user thread's call is running
+        struct Inside {
+            Inside() { inside_ = true; }
+            ~Inside() { inside_ = false; }
+        } inside;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            while (int(threads_.size()) < helpers)
+                threads_.emplace_back([this, k = int(threads_.size())] { serve(k); });
+            fn_ = &fn;
+            chunks_ = chunks;
+            next_ = 0;
+            wanted_ = helpers;
+            running_ = helpers;
+            error_ = nullptr;
+            ++generation_;
+        }
+        wake_.notify_all();
+        work();
+        std::unique_lock<std::mutex> lock(mu_);
+        done_.wait(lock, [&] { return running_ == 0; });
+        fn_ = nullptr;
+        if (error_) std::rethrow_exception(error_);
+    }
+
+  private:
+    void serve(int k) {
+        inside_ = true;
+        std::uint64_t seen = 0;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                wake_.wait(lock, [&] { return generation_ != seen; });
+                seen = generation_;
+                if (k >= wanted_) continue;
+            }
+            work();
+            std::lock_guard<std::mutex> lock(mu_);
+            if (--running_ == 0) done_.notify_one();
+        }
+    }
+    // Takes chunks until none is left; the first exception is kept for the caller.
+    void work() {
+        for (std::int64_t c; (c = next_++) < chunks_;) {
+            try {
+                (*fn_)(c);
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (!error_) error_ = std::current_exception();
+            }
+        }
+    }
+
+    std::mutex busy_, mu_;
+    std::condition_variable wake_, done_;
+    std::vector<std::thread> threads_;
+    const std::function<void(std::int64_t)>* fn_ = nullptr;
+    std::int64_t chunks_ = 0;
+    std::atomic<std::int64_t> next_{0};
+    int wanted_ = 0, running_ = 0;
+    std::uint64_t generation_ = 0;
+    std::exception_ptr error_;
+    static thread_local bool inside_; // this thread runs chunks of a call now (or always)
+};
+thread_local bool Pool::inside_ = false;
+
+// Never destroyed: its threads wait for work until the process ends.
+Pool& pool() {
+    static Pool* p = new Pool;
+    return *p;
+}
 
 } // namespace
 
@@ -30,27 +120,16 @@ void set_num_threads(int n) {
 
 void parallel_for(std::int64_t n, std::int64_t grain,
                   const std::function<void(std::int64_t, std::int64_t)>& fn) {
-    const std::int64_t threads =
-        std::min<std::int64_t>(num_threads(), n / std::max<std::int64_t>(grain, 1));
+    const std::int64_t most = n / std::max<std::int64_t>(grain, 1); // chunks of >= grain
+    const std::int64_t threads = std::min<std::int64_t>(num_threads(), most);
     if (threads <= 1) {
         if (n > 0) fn(0, n);
         return;
     }
-    // An exception in a worker is rethrown here, after every thread has joined.
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
-    auto chunk = [&](std::int64_t t) {
-        try {
-            fn(n * t / threads, n * (t + 1) / threads);
-        } catch (...) {
-            errors[std::size_t(t)] = std::current_exception();
-        }
-    };
-    std::vector<std::thread> pool;
-    for (std::int64_t t = 1; t < threads; ++t) pool.emplace_back(chunk, t);
-    chunk(0);
-    for (auto& th : pool) th.join();
-    for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
+    // The chunk boundaries depend on n, grain and the thread count alone.
+    const std::int64_t chunks = std::min(most, threads * chunks_per_thread);
+    pool().run(int(threads - 1), chunks,
+               [&](std::int64_t c) { fn(n * c / chunks, n * (c + 1) / chunks); });
 }
 
 } // namespace rag
