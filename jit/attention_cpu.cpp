@@ -1,5 +1,6 @@
 #include "jit/attention_cpu.hpp"
 
+#include "jit/segmented.hpp"
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
 
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace rag::jit {
 namespace {
@@ -34,21 +36,13 @@ struct Dims {
 };
 
 // p[N, M] = softmax(scale q k^T) of one sample and head, top-left causal mask applied; masked
-// entries are 0 and a row without visible keys is all 0.
+// entries are 0 and a row without visible keys is all 0. `s` is scratch of p's size.
 template <class T>
-void probabilities(const T* q, const T* k, std::int64_t N, std::int64_t M, const Dims& d, T* p) {
-    gemm(false, true, int(N), int(M), int(d.D), d.scale, q, int(d.H * d.D), k, int(d.H * d.D), p,
+void probabilities(const T* q, const T* k, std::int64_t N, std::int64_t M, const Dims& d, T* s,
+                   T* p) {
+    gemm(false, true, int(N), int(M), int(d.D), d.scale, q, int(d.H * d.D), k, int(d.H * d.D), s,
          int(M));
-    for (std::int64_t n = 0; n < N; ++n) {
-        T* row = p + n * M;
-        const std::int64_t visible = d.causal ? std::min(M, n + 1) : M;
-        T top = -std::numeric_limits<T>::infinity();
-        for (std::int64_t j = 0; j < visible; ++j) top = std::max(top, row[j]);
-        double sum = 0;
-        for (std::int64_t j = 0; j < visible; ++j) sum += row[j] = std::exp(row[j] - top);
-        for (std::int64_t j = 0; j < visible; ++j) row[j] = T(row[j] / sum);
-        std::fill(row + visible, row + M, T(0));
-    }
+    softmax_rows(std::is_same_v<T, float> ? DType::f32 : DType::f64, s, p, N, M, d.causal);
 }
 
 template <class T>
@@ -65,15 +59,16 @@ void run_typed(const std::vector<const RaggedTensor*>& in, const Dims& d, bool f
             o[w] = static_cast<T*>(out[std::size_t(w)].mutable_data());
     const int ld = int(H * d.D), ldv = int(H * d.Dv);
     parallel_for(B * H, 1, [&](std::int64_t u0, std::int64_t u1) {
-        std::vector<T> p, dp;
+        std::vector<T> s, p, dp;
         for (std::int64_t u = u0; u < u1; ++u) {
             const std::int64_t i = u / H, h = u % H;
             const std::int64_t N = q.structure().size(i, 0), M = k.structure().size(i, 0);
             const T* Q = qp + q.structure().sample_begin(i) + h * d.D;
             const T* K = kp + k.structure().sample_begin(i) + h * d.D;
             const T* V = vp + v.structure().sample_begin(i) + h * d.Dv;
-            p.assign(std::size_t(N * M), T(0));
-            probabilities(Q, K, N, M, d, p.data());
+            s.assign(std::size_t(N * M), T(0));
+            p.resize(s.size());
+            probabilities(Q, K, N, M, d, s.data(), p.data());
             if (forward) { // O = P V
                 gemm(false, false, int(N), int(d.Dv), int(M), 1.0, p.data(), int(M), V, ldv,
                      o[0] + out[0].structure().sample_begin(i) + h * d.Dv, ldv);

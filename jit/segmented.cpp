@@ -697,6 +697,33 @@ std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<Ragge
 
 } // namespace
 
+template <class T>
+void softmax_rows_typed(const T* x, T* y, std::int64_t rows, std::int64_t width, bool causal) {
+    std::vector<std::int64_t> seg;
+    if (!causal)
+        seg = {0, 0, rows, width, 1};
+    else
+        for (std::int64_t r = 0; r < rows; ++r)
+            seg.insert(seg.end(), {r * width, r, 1, std::min(width, r + 1), 1});
+    std::vector<T> shift(std::size_t(std::max<std::int64_t>(rows, 1))), sum(shift.size());
+    line_kernel(std::is_same_v<T, float>, LineOp::softmax)(std::int64_t(seg.size() / 5), seg.data(),
+                                                           const_cast<T*>(x), y, shift.data(),
+                                                           sum.data(), nullptr);
+    if (causal)
+        for (std::int64_t r = 0; r + 1 < width && r < rows; ++r)
+            std::fill(y + r * width + r + 1, y + (r + 1) * width, T(0));
+}
+
+void softmax_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64_t width,
+                  bool causal) {
+    if (t == DType::f32)
+        softmax_rows_typed(static_cast<const float*>(x), static_cast<float*>(y), rows, width,
+                           causal);
+    else
+        softmax_rows_typed(static_cast<const double*>(x), static_cast<double*>(y), rows, width,
+                           causal);
+}
+
 std::string line_kernel_ir(std::string_view op, DType t) {
     const std::string* ir = nullptr;
     const std::string names[] = {

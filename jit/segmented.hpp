@@ -17,6 +17,11 @@ bool is_segmented(const ir::Function& f, const ir::Node& n);
 // The optimised LLVM IR of the line kernel for `op` (max, min, softmax, logsumexp, softmax_grad,
 // logsumexp_grad, extreme_grad: reduce_grad of max/min) and dtype t (f32, f64), for tests.
 std::string line_kernel_ir(std::string_view op, DType t);
+// y = softmax of each row of a dense row-major [rows, width] block x (f32 or f64; y must not
+// overlap x) with the line kernel, on this thread; causal: row r sees its first r + 1 entries,
+// the rest of y's row is 0. For attention_cpu's probabilities.
+void softmax_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64_t width,
+                  bool causal);
 // Runs it; `vals` holds its arguments.
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);
 
