@@ -29,6 +29,14 @@ void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, 
                 k, alpha, a, lda, b, ldb, 0.0, c, ldc);
 }
 
+// sum_j a[j] b[j], accumulated in double.
+double dot(int n, const float* a, const float* b) {
+    return cblas_dsdot(n, a, 1, b, 1);
+}
+double dot(int n, const double* a, const double* b) {
+    return cblas_ddot(n, a, 1, b, 1);
+}
+
 struct Dims {
     std::int64_t H, D, Dv;
     bool causal;
@@ -85,9 +93,8 @@ void run_typed(const std::vector<const RaggedTensor*>& in, const Dims& d, bool f
             for (std::int64_t n = 0; n < N; ++n) {
                 T* row = dp.data() + n * M;
                 const T* pr = p.data() + n * M;
-                double rowsum = 0;
-                for (std::int64_t j = 0; j < M; ++j) rowsum += double(row[j]) * pr[j];
-                for (std::int64_t j = 0; j < M; ++j) row[j] = T(pr[j] * (row[j] - rowsum));
+                const T rowsum = T(dot(int(M), row, pr));
+                for (std::int64_t j = 0; j < M; ++j) row[j] = pr[j] * (row[j] - rowsum);
             }
             if (want[0]) // dQ = scale dS K
                 gemm(false, false, int(N), int(d.D), int(M), d.scale, dp.data(), int(M), K, ld,
