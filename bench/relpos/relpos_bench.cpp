@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -282,7 +283,22 @@ Check check(const std::string& sys_name, const System& sys, const std::vector<Ra
     return c;
 }
 
+// --cpu-time: time is the process's CPU time (all threads) instead of wall time, for A/B
+// comparisons on a loaded machine (run with RAG_NUM_THREADS=1 so no worker waits or spins).
+bool cpu_time = false;
+
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 double seconds_of(const std::function<void()>& fn) {
+    if (cpu_time) {
+        const double c0 = process_cpu_seconds();
+        fn();
+        return process_cpu_seconds() - c0;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -381,12 +397,14 @@ Options parse(int argc, char** argv) {
             o.check_max_n = std::stoll(val());
         else if (k == "--json")
             o.json = val();
+        else if (k == "--cpu-time")
+            cpu_time = true;
         else
             throw std::runtime_error(
                 "usage: rag_bench_relpos [--lengths 128,...] [--tokens 16384] [--heads 12] "
                 "[--dim 64] [--mechanisms Shaw,TXL,DeBERTa,T5] [--systems 'rag fused,rag fused "
                 "saved,gather,materialising'] [--max-n system=N] [--cap-s 60] [--check-max-n 2048] "
-                "[--json F]");
+                "[--json F] [--cpu-time]");
     }
     return o;
 }
