@@ -10,6 +10,8 @@
 #include <llvm/IR/MDBuilder.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
+#include <llvm/TargetParser/Host.h>
+#include <llvm/Transforms/Utils/ModuleUtils.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -301,10 +303,38 @@ using Entry = void (*)(std::int64_t begin, std::int64_t end, void* const* buffer
 // The CPU wrapper: void name(begin, end, buffers, params, scratch) runs instances
 // begin .. end - 1 one after another; scratch arrays are carved from `scratch` at 64-byte
 // aligned offsets computed from the parameters.
+bool host_has_avx512() {
+    static const bool has = [] {
+        llvm::StringMap<bool> features;
+        return llvm::sys::getHostCPUFeatures(features) && features.lookup("avx512f");
+    }();
+    return has;
+}
+
 class CpuLowering final : public KirLowering {
   public:
     using KirLowering::KirLowering;
 
+  protected:
+    // exp as the intrinsic (libm; the loop vectoriser maps it to libmvec), plus glibc's
+    // 16-lane AVX-512 variant, which LLVM 16's libmvec table lacks, so 512-bit loops with
+    // exp stay 512 bits wide.
+    llvm::Value* math(kir::Op op, llvm::Value* x) override {
+        llvm::Value* v = KirLowering::math(op, x);
+        if (op != kir::Op::exp || !host_has_avx512()) return v;
+        const char* name = "_ZGVeN16v_expf";
+        if (!m_.getFunction(name)) {
+            auto* vec = llvm::FixedVectorType::get(b_.getFloatTy(), 16);
+            auto callee = m_.getOrInsertFunction(name, llvm::FunctionType::get(vec, {vec}, false));
+            llvm::appendToCompilerUsed(m_, {llvm::cast<llvm::Function>(callee.getCallee())});
+        }
+        llvm::cast<llvm::CallInst>(v)->addFnAttr(
+            llvm::Attribute::get(m_.getContext(), "vector-function-abi-variant",
+                                 "_ZGV_LLVM_N16v_llvm.exp.f32(_ZGVeN16v_expf)"));
+        return v;
+    }
+
+  public:
     void build(const std::string& name) {
         auto& ctx = m_.getContext();
         auto* i64 = b_.getInt64Ty();
