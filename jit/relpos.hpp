@@ -27,6 +27,10 @@ namespace rag::jit {
 // Delta the map's saturation), i.e. about 4 N^2 H bytes per sample and table for identity
 // maps (O(N^2), like the materialised bias) and 4 N H (2 Delta + 1) bytes for clip and bucket
 // maps. A bias-only map has nothing to save. Gradients are bitwise the same either way.
+// On the 2-core AVX-512 CPU the projections are cheap tile products, and writing and
+// gathering the saved ones costs more than recomputing them: rag_bench_relpos's
+// "rag fused saved" was slower in forward and backward for Shaw and DeBERTa at N = 128 and
+// 1024; saving is for memory-rich settings where recomputation dominates (other devices).
 struct RelposOptions {
     bool save_projections = false;
 };
