@@ -30,7 +30,7 @@ namespace rag::jit {
 // On the 2-core AVX-512 CPU the projections are cheap tile products, and writing and
 // gathering the saved ones costs more than recomputing them: rag_bench_relpos's
 // "rag fused saved" was slower in forward and backward for Shaw and DeBERTa at N = 128 and
-// 1024; saving is for memory-rich settings where recomputation dominates (other devices).
+// 1024. Measure before choosing it.
 struct RelposOptions {
     bool save_projections = false;
 };
