@@ -423,13 +423,10 @@ class CompiledCpuKernel final : public CpuKernel {
         parallel_for(workers, 1, [&](std::int64_t wb, std::int64_t we) {
             for (std::int64_t w = wb; w < we; ++w) {
                 const std::size_t bytes = std::max<std::size_t>(scratch, 64);
-                char* mem = static_cast<char*>(std::aligned_alloc(64, bytes));
-                if (!mem) fail(k_.name, ": out of memory allocating ", bytes, " bytes of scratch");
-                memory::allocated(bytes);
+                char* mem = static_cast<char*>(memory::acquire(bytes));
                 for (std::int64_t pid; (pid = next++) < grid;)
                     entry_(pid, pid + 1, buffers.data(), params.data(), mem);
-                memory::freed(bytes);
-                std::free(mem);
+                memory::release(mem, bytes);
             }
         });
     }

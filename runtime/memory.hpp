@@ -1,19 +1,33 @@
-// Host memory accounting: every tensor buffer (Buffer::allocate) and every kernel workspace
-// reports here, so tests and benchmarks can read the peak extra memory of a computation.
+// Host memory for tensor buffers and kernel workspaces, with accounting: every block handed
+// out is counted while it is live, so tests and benchmarks can read the peak extra memory of
+// a computation.
+//
+// Large blocks are cached after release and handed out again for a request of the same size
+// class. A training step allocates and frees the same large buffers every call; without the
+// cache, glibc returns them to the kernel (mmap'd chunks, heap trimming) and the next call
+// pays a page fault per 4 KiB when it first writes them, which measured up to half of a
+// pair-program step here. Small blocks go straight to malloc, which caches them itself.
 #pragma once
 #include <cstddef>
 
 namespace rag::memory {
 
 struct Stats {
-    std::size_t current = 0; // bytes held now
-    std::size_t peak = 0;    // most bytes held at once since the last reset_peak()
+    std::size_t current = 0; // bytes in live blocks now
+    std::size_t peak = 0;    // most bytes in live blocks at once since the last reset_peak()
+    std::size_t cached = 0;  // bytes held in the cache for reuse (not live, still resident)
 };
 
 Stats stats();
 void reset_peak(); // peak := current
 
-void allocated(std::size_t bytes);
-void freed(std::size_t bytes);
+// A 64-byte-aligned block of at least `bytes` (never null: fails with rag::Error), counted
+// as live until release(p, bytes) with the same size. Contents are unspecified.
+void* acquire(std::size_t bytes);
+void release(void* p, std::size_t bytes);
+
+// Returns every cached block to the system. The cache also empties itself when it would pass
+// its cap: RAG_HOST_CACHE_MB (default 1024; 0 disables caching).
+void release_cached();
 
 } // namespace rag::memory

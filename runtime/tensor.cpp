@@ -35,18 +35,17 @@ std::vector<double> DenseArray::to_f64() const {
     return out;
 }
 
-Buffer Buffer::allocate(std::size_t nbytes) {
-    std::size_t rounded = (nbytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-    if (!p) fail("out of memory allocating ", nbytes, " bytes");
-    std::memset(p, 0, rounded ? rounded : 64);
-    memory::allocated(rounded);
+Buffer Buffer::allocate_uninitialized(std::size_t nbytes) {
+    void* p = memory::acquire(nbytes);
     return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
-                                       [rounded](std::byte* q) {
-                                           memory::freed(rounded);
-                                           std::free(q);
-                                       }),
+                                       [nbytes](std::byte* q) { memory::release(q, nbytes); }),
             nbytes};
+}
+
+Buffer Buffer::allocate(std::size_t nbytes) {
+    Buffer b = allocate_uninitialized(nbytes);
+    std::memset(b.data.get(), 0, nbytes);
+    return b;
 }
 
 RaggedTensor::RaggedTensor(DType dtype, StructurePtr st, Buffer values)

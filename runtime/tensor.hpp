@@ -29,6 +29,8 @@ struct Buffer {
     std::shared_ptr<std::byte> data;
     std::size_t nbytes = 0;
     static Buffer allocate(std::size_t nbytes); // zero-filled
+    // Contents unspecified: for kernels that write every byte (no second pass to zero it).
+    static Buffer allocate_uninitialized(std::size_t nbytes);
 };
 
 class RaggedTensor {

@@ -1,0 +1,69 @@
+// The host block cache behind every tensor buffer (runtime/memory.hpp).
+#include "runtime/memory.hpp"
+#include "runtime/tensor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+
+using namespace rag;
+
+namespace {
+
+TEST(HostMemory, LargeBlocksAreReusedWithinTheirSizeClass) {
+    memory::release_cached();
+    const auto before = memory::stats();
+    void* a = memory::acquire(1'000'000);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % 64, 0u);
+    EXPECT_EQ(memory::stats().current, before.current + 1'000'000); // live: as requested
+    memory::release(a, 1'000'000);
+    EXPECT_EQ(memory::stats().cached, 1'048'576u); // cached: the size class holding 1e6
+    a = memory::acquire(1'000'000);
+    memory::release(a, 1'000'000);
+    EXPECT_EQ(memory::stats().current, before.current);
+    EXPECT_EQ(memory::stats().cached, 1'048'576u);
+    // A slightly different size (another length vector) falls in the same class.
+    void* b = memory::acquire(1'010'000);
+    EXPECT_EQ(b, a);
+    EXPECT_EQ(memory::stats().cached, 0u);
+    // A size in another class does not take it.
+    memory::release(b, 1'010'000);
+    void* c = memory::acquire(600'000);
+    EXPECT_NE(c, a);
+    memory::release(c, 600'000);
+    memory::release_cached();
+    EXPECT_EQ(memory::stats().cached, 0u);
+    EXPECT_EQ(memory::stats().current, before.current);
+}
+
+TEST(HostMemory, PeakCountsLiveBlocksNotTheCache) {
+    memory::release_cached();
+    memory::release(memory::acquire(4 << 20), 4 << 20); // now cached
+    memory::reset_peak();
+    const auto before = memory::stats();
+    void* p = memory::acquire(4 << 20); // served from the cache
+    memory::release(p, 4 << 20);
+    EXPECT_EQ(memory::stats().peak - before.current, std::size_t(4 << 20));
+    memory::release_cached();
+}
+
+TEST(HostMemory, ReusedBuffersAreZeroFilledByAllocate) {
+    memory::release_cached();
+    const std::size_t n = 300'000;
+    {
+        Buffer dirty = Buffer::allocate_uninitialized(n);
+        std::memset(dirty.data.get(), 0x5a, n);
+    }
+    Buffer clean = Buffer::allocate(n);
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(clean.data.get()[i], std::byte{0}) << i;
+    memory::release_cached();
+}
+
+TEST(HostMemory, SmallBlocksAreNotCached) {
+    memory::release_cached();
+    memory::release(memory::acquire(1000), 1000);
+    EXPECT_EQ(memory::stats().cached, 0u);
+}
+
+} // namespace
