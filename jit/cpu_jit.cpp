@@ -69,6 +69,7 @@ class GroupEmitter {
         for (std::size_t k = 0; k < g_.outputs.size(); ++k)
             out_ptr.push_back(b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, outs, k)));
         bool whole_rows = false; // which version of the row loop is being emitted
+        std::vector<llvm::Value*> row_start(g_.inputs.size()); // map[k][r], in the row loop
         // Element i (row r, place j in the row): load the inputs, compute, store the outputs.
         auto element = [&](llvm::Value* i, llvm::Value* r, llvm::Value* j) {
             for (std::size_t k = 0; k < g_.inputs.size(); ++k) {
@@ -86,10 +87,10 @@ class GroupEmitter {
                                       : b.CreateURem(j, row_len[k]);
                     break;
                 case Access::gather:
-                    at = b.CreateAdd(L.load(i64, map_ptr[k], r), j);
+                    at = b.CreateAdd(row_start[k], j);
                     break;
                 case Access::gather_bcast:
-                    at = L.load(i64, map_ptr[k], r);
+                    at = row_start[k];
                     break;
                 }
                 vals_[g_.inputs[k].value] = L.load(t_, in_ptr[k], at);
@@ -106,6 +107,11 @@ class GroupEmitter {
         auto row_loop = [&] {
             L.loop(begin, end, [&](llvm::Value* r) {
                 llvm::Value* base = b.CreateMul(r, width);
+                // Read the row maps once per row: inside the element loop LLVM could not hoist
+                // them past the output stores (it cannot rule out aliasing), which kept the
+                // loop scalar.
+                for (std::size_t k = 0; k < g_.inputs.size(); ++k)
+                    if (map_ptr[k]) row_start[k] = L.load(i64, map_ptr[k], r);
                 L.loop(b.getInt64(0), width,
                        [&](llvm::Value* j) { element(b.CreateAdd(base, j), r, j); });
             });

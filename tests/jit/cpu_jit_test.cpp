@@ -98,6 +98,25 @@ TEST(CpuJit, GeluAndTanhLoopsCallSimdMath) {
         }
 }
 
+TEST(CpuJit, PairBroadcastsAreVectorisedRowLoops) {
+    // The pair state made from two token arrays: each row of the pair reads one row of a and
+    // one of b through the row maps. The maps are read once per row, so the loop over a row's
+    // 128 channels is SIMD code.
+    auto m = Module::compile("fn pair(a: f32[B, ~N, 128], b: f32[B, ~N, 128]) -> "
+                             "f32[B, ~N, ~N, 128] {\n"
+                             "    return a[:, :, new, :] + b[:, new, :, :]\n}\n",
+                             "pair.rag");
+    Diagnostics diags(*m->program().units[0].src);
+    auto lowered = frontend::lower(m->program(), "pair", std::nullopt, diags);
+    ASSERT_TRUE(lowered) << diags.str();
+    auto cpu = jit::compile_cpu(lowered->fn);
+    ASSERT_EQ(cpu->plan().groups.size(), 1u) << jit::print(cpu->plan(), lowered->fn);
+    EXPECT_NE(cpu->llvm_ir().find("x float>"), std::string::npos) << cpu->llvm_ir();
+    auto shapes = shapes_for("~N, 128", {{0}, {1}, {7}, {33}});
+    expect_tiers_agree(lowered->fn, {random_batch(DType::f32, "~N, 128", shapes),
+                                     random_batch(DType::f32, "~N, 128", shapes)});
+}
+
 TEST(CpuJit, MatmulOverPackedRowsIsOneGemm) {
     ir::Function f;
     f.name = "linear";
