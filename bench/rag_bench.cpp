@@ -224,6 +224,7 @@ int run(int argc, char** argv) {
         std::vector<double> ms;
         const auto before = memory::stats().current;
         memory::reset_peak();
+        memory::release_cached(); // the measured steps must fetch their blocks again
         const long rss0 = status_kb("VmRSS:");
         reset_hwm();
         for (int s = 1; s < steps; ++s) {

@@ -1,9 +1,11 @@
 // Peak resident memory of one call beyond what the process held before it, the same measure
 // for every system (rag's buffers, std::vector workspaces, OpenBLAS, and in peers.py PyTorch):
-// the kernel's high-water mark is reset (/proc/self/clear_refs, "5"), free heap pages are given
-// back first (malloc_trim) so a reused free chunk cannot hide an allocation, and the result is
-// VmHWM after the call minus VmRSS before it.
+// the kernel's high-water mark is reset (/proc/self/clear_refs, "5"), rag's cached blocks and
+// free heap pages are given back first (memory::release_cached, malloc_trim) so a reused free
+// block cannot hide an allocation, and the result is VmHWM after the call minus VmRSS before it.
 #pragma once
+#include "runtime/memory.hpp"
+
 #include <malloc.h>
 
 #include <cstdint>
@@ -22,6 +24,7 @@ inline std::int64_t status_kib(const char* key) {
 
 // Bytes of resident memory fn() added at its peak, or -1 where /proc cannot tell.
 template <class Fn> std::int64_t peak_rss_bytes(Fn&& fn) {
+    memory::release_cached();
     malloc_trim(0);
     {
         std::ofstream reset("/proc/self/clear_refs");
