@@ -5,8 +5,9 @@
 // Large blocks are cached after release and handed out again for a request of the same size
 // class. A training step allocates and frees the same large buffers every call; without the
 // cache, glibc returns them to the kernel (mmap'd chunks, heap trimming) and the next call
-// pays a page fault per 4 KiB when it first writes them, which measured up to half of a
-// pair-program step here. Small blocks go straight to malloc, which caches them itself.
+// pays a page fault per 4 KiB when it first writes them, which measured a third of a
+// near-uniform pair-program step here. Small blocks go straight to malloc, which caches them
+// itself.
 #pragma once
 #include <cstddef>
 
