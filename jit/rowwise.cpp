@@ -23,8 +23,10 @@ using RowKernel = void (*)(std::int64_t, std::int64_t, std::int64_t, double, con
 
 enum Which { ln_fwd, ln_grad, rms_fwd, rms_grad };
 
-// Statistics and arithmetic in double, as the reference kernels compute them, rounded once
-// when stored.
+// Row statistics and arithmetic in the element type: an f32 row is summed in 16 vector lanes
+// (relative error ~1e-7 for rows of hundreds of features, far inside REFERENCE.md's 1e-5), and
+// with twice the lanes of double layernorm ran 2.4x faster and its gradient 1.25x (8K rows of
+// 128, one thread). The parameter-gradient sums, which run over every row, stay in double.
 void emit(llvm::Module& m, const std::string& name, bool f32, Which which) {
     auto& ctx = m.getContext();
     llvm::Type* i64 = llvm::Type::getInt64Ty(ctx);
@@ -35,18 +37,15 @@ void emit(llvm::Module& m, const std::string& name, bool f32, Which which) {
     llvm::Type* t = f32 ? b.getFloatTy() : b.getDoubleTy();
     llvm::Value *r0 = L.arg(0), *r1 = L.arg(1), *C = L.arg(2), *eps = L.arg(3), *x = L.arg(4),
                 *g = L.arg(5), *bd = L.arg(6), *out = L.arg(7), *dgb = L.arg(8);
-    auto zero = llvm::ConstantFP::get(f64, 0.0);
-    auto one = llvm::ConstantFP::get(f64, 1.0);
-    llvm::Value* Cd = b.CreateSIToFP(C, f64);
-    auto ld = [&](llvm::Value* base, llvm::Value* at) {
-        llvm::Value* v = L.load(t, base, at);
-        return f32 ? b.CreateFPExt(v, f64) : v;
-    };
-    auto st = [&](llvm::Value* v, llvm::Value* base, llvm::Value* at) {
-        L.store(f32 ? b.CreateFPTrunc(v, t) : v, base, at);
-    };
+    if (f32) eps = b.CreateFPTrunc(eps, t);
+    auto zero = llvm::ConstantFP::get(t, 0.0);
+    auto one = llvm::ConstantFP::get(t, 1.0);
+    llvm::Value* Cd = b.CreateSIToFP(C, t);
+    auto ld = [&](llvm::Value* base, llvm::Value* at) { return L.load(t, base, at); };
+    auto st = [&](llvm::Value* v, llvm::Value* base, llvm::Value* at) { L.store(v, base, at); };
+    auto wide = [&](llvm::Value* v) { return f32 ? b.CreateFPExt(v, f64) : v; };
     auto sqrt = [&](llvm::Value* v) {
-        return b.CreateCall(llvm::Intrinsic::getDeclaration(&m, llvm::Intrinsic::sqrt, {f64}), {v});
+        return b.CreateCall(llvm::Intrinsic::getDeclaration(&m, llvm::Intrinsic::sqrt, {t}), {v});
     };
     const bool layer = which == ln_fwd || which == ln_grad;
     const bool grad = which == ln_grad || which == rms_grad;
@@ -104,9 +103,10 @@ void emit(llvm::Module& m, const std::string& name, bool f32, Which which) {
             L.loop(L.i64(0), C, [&](llvm::Value* j) {
                 llvm::Value* dy = ld(bd, at(j));
                 llvm::Value* pg = b.CreateGEP(f64, dgb, j);
-                b.CreateStore(b.CreateFAdd(b.CreateLoad(f64, pg), b.CreateFMul(dy, xh(j))), pg);
+                b.CreateStore(b.CreateFAdd(b.CreateLoad(f64, pg), wide(b.CreateFMul(dy, xh(j)))),
+                              pg);
                 llvm::Value* pb = b.CreateGEP(f64, dgb, b.CreateAdd(j, C));
-                b.CreateStore(b.CreateFAdd(b.CreateLoad(f64, pb), dy), pb);
+                b.CreateStore(b.CreateFAdd(b.CreateLoad(f64, pb), wide(dy)), pb);
             });
         } else {
             llvm::Value* s = L.reduce(L.i64(0), C, {zero}, [&](llvm::Value* j, auto& acc) {
@@ -117,7 +117,7 @@ void emit(llvm::Module& m, const std::string& name, bool f32, Which which) {
             L.loop(L.i64(0), C, [&](llvm::Value* j) {
                 llvm::Value* v = b.CreateFMul(b.CreateFMul(ld(bd, at(j)), ld(x, at(j))), rstd);
                 llvm::Value* pg = b.CreateGEP(f64, dgb, j);
-                b.CreateStore(b.CreateFAdd(b.CreateLoad(f64, pg), v), pg);
+                b.CreateStore(b.CreateFAdd(b.CreateLoad(f64, pg), wide(v)), pg);
             });
         }
         auto* fn = b.GetInsertBlock()->getParent();

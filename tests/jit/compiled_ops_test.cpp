@@ -49,7 +49,7 @@ const std::vector<std::int64_t> with_0_and_1 = {3, 0, 5, 1};
 
 TEST(CompiledOps, NormsAndAllTheirGradientsAreRowLoops) {
     for (DType t : {DType::f32, DType::f64})
-        for (const char* axes : {"~N, 8", "~N, ~M, 6", "4, ~N, 5", "5"}) {
+        for (const char* axes : {"~N, 8", "~N, ~M, 6", "4, ~N, 5", "5", "~N, 384"}) {
             SCOPED_TRACE(std::string(dtype_name(t)) + " " + axes);
             const Schema xs = ragged(t, axes);
             const std::string C = std::to_string(xs.shape.axes.back().extent);
