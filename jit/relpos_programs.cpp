@@ -235,22 +235,29 @@ struct Program {
     }
 
     // Score gradients by offset: dZ[at + u] += gs[from + c] for c < count, where pair c reads
-    // row u = pair_row(d0 + step c); a saturated tile pair (all read u0) adds one boundary sum.
-    // Apart from the pair loop so that loop vectorises (rows repeat where offsets clamp).
-    void by_offset(int dZ, Expr at, int gs, Expr from, Expr saturated, Expr u0, Expr count, Expr d0,
-                   std::int64_t step) {
-        b.when(
-            saturated,
-            [&] {
+    // row u = pair_row(d0 + step c), step = +-1. The pairs split into three runs: offsets
+    // clamped at one end (all read one row: one sum added), offsets read unclamped (distinct
+    // rows, affine in c, so the loop vectorises), offsets clamped at the other end. A saturated
+    // tile pair is one run. Apart from the pair loop so that loop vectorises.
+    void by_offset(int dZ, Expr at, int gs, Expr from, Expr count, Expr d0, std::int64_t step) {
+        // Offsets in [dlo, Delta] read row offset + Delta (a causal mask clamps below at 0).
+        Expr dlo = s.causal ? Expr(0) : -Delta;
+        // Runs [0, a), [a, c1), [c1, count) in c; the first and last clamp to rows r0, r1.
+        Expr a = b.let(clamp(step > 0 ? dlo - d0 : d0 - Delta, Expr(0), count), "a");
+        Expr c1 = b.let(clamp(step > 0 ? Delta - d0 + 1 : d0 - dlo + 1, a, count), "c1");
+        const Expr r0 = step > 0 ? dlo + Delta : Expr(2) * Delta;
+        const Expr r1 = step > 0 ? Expr(2) * Delta : dlo + Delta;
+        auto clamped = [&](Expr lo, Expr hi, Expr r) {
+            b.when(lo < hi, [&] {
                 int sum = b.var(Type::f32, 0.0);
-                b.loop(0, count, [&](Expr c) { b.set(sum, b.get(sum) + b.load(gs, from + c)); });
-                b.add_to(dZ, at + u0, b.get(sum));
-            },
-            [&] {
-                b.loop(0, count, [&](Expr c) {
-                    b.add_to(dZ, at + pair_row(d0 + c * step), b.load(gs, from + c));
-                });
+                b.loop(lo, hi, [&](Expr c) { b.set(sum, b.get(sum) + b.load(gs, from + c)); });
+                b.add_to(dZ, at + r, b.get(sum));
             });
+        };
+        clamped(0, a, r0);
+        b.loop(a, c1,
+               [&](Expr c) { b.add_to(dZ, at + d0 + Delta + c * step, b.load(gs, from + c)); });
+        clamped(c1, count, r1);
     }
 
     struct KeyTile {
@@ -275,24 +282,47 @@ struct Program {
         return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
     }
 
-    // acc[r] += sum_w dZ[r][w] table[lo + w] over the strip's reachable rows: the relation
-    // term of dQ (tables eq) or dK (ek) for strip row r.
-    void fold_rows(int acc, Expr r, int dZ, Expr lo, Expr count, int tab) {
-        b.loop(0, count, [&](Expr w) {
-            Expr c = b.let(b.load(dZ, r * W + w), "c");
-            b.loop(0, s.D,
-                   [&](Expr x) { b.add_to(acc, r * s.D + x, c * b.load(tab, table(lo + w, x))); });
-        });
-    }
-    // The strip's share of a table gradient, added at row `at` + w of the sample's partial:
-    // part[w] += sum_r dZ[r][w] src[r] (src: the strip's staged q or k rows).
-    void add_partial(int part, Expr at, Expr w, int dZ, Expr rows, int src) {
-        b.loop(0, rows, [&](Expr r) {
-            Expr c = b.let(b.load(dZ, r * W + w), "c");
-            b.loop(0, s.D, [&](Expr x) {
-                b.add_to(part, (at + w) * s.D + x, c * b.load(src, r * s.D + x));
+    // acc(r, x) += sum_c weight(r, c) src(c, x) for r < rows, c < count, x < width, summed in
+    // c order: `block` rows at a time so each load of src feeds `block` accumulators held in
+    // registers, then the last rows one at a time (acc is written for r < rows only).
+    void blocked_rows(Expr rows, Expr count, std::int64_t width, int acc,
+                      const std::function<Expr(Expr, Expr)>& acc_at,
+                      const std::function<Expr(Expr, Expr)>& weight,
+                      const std::function<Expr(Expr, Expr)>& src) {
+        auto pass = [&](Expr first, std::int64_t nrows) {
+            b.loop(0, count, [&](Expr c) {
+                std::vector<Expr> wc;
+                for (std::int64_t k = 0; k < nrows; ++k)
+                    wc.push_back(b.let(weight(first + k, c), "wc"));
+                b.loop(0, width, [&](Expr x) {
+                    Expr y = b.let(src(c, x), "y");
+                    for (std::int64_t k = 0; k < nrows; ++k)
+                        b.add_to(acc, acc_at(first + k, x), wc[std::size_t(k)] * y);
+                });
             });
-        });
+        };
+        Expr full = b.let(rows / block * block, "full");
+        b.loop(
+            0, rows / block, [&](Expr rb) { pass(b.let(rb * block, "r"), block); }, Loop::threads);
+        b.loop(
+            full, rows, [&](Expr r) { pass(r, 1); }, Loop::threads);
+    }
+
+    // acc[r] += sum_w dZ[r][w] table[lo + w] over the strip's reachable rows, for every strip
+    // row r < rows: the relation term of dQ (tables eq) or dK (ek).
+    void fold_rows(int acc, Expr rows, int dZ, Expr lo, Expr count, int tab) {
+        blocked_rows(
+            rows, count, s.D, acc, [&](Expr r, Expr x) { return r * s.D + x; },
+            [&](Expr r, Expr w) { return b.load(dZ, r * W + w); },
+            [&](Expr w, Expr x) { return b.load(tab, table(lo + w, x)); });
+    }
+    // The strip's share of a table gradient, added at rows `at` + w of the sample's partial
+    // for w < count: part[w] += sum_r dZ[r][w] src[r] (src: the strip's staged q or k rows).
+    void add_partial(int part, Expr at, Expr count, int dZ, Expr rows, int src) {
+        blocked_rows(
+            count, rows, s.D, part, [&](Expr w, Expr x) { return (at + w) * s.D + x; },
+            [&](Expr w, Expr r) { return b.load(dZ, r * W + w); },
+            [&](Expr r, Expr x) { return b.load(src, r * s.D + x); });
     }
     // Which rows the sample's partials cover, for the reduction (written once, by head 0).
     void store_range(int range, Expr lo, Expr count) {
@@ -486,33 +516,31 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                             b.let(pr * (b.load(dP, g * J + jj) - b.load(Dg, g)) * s.scale, "gs");
                         b.store(S, g * J + jj, gs);
                     });
-                    if (by_row)
-                        p.by_offset(dZ, g * p.W - qlo, S, g * J, saturated, klo, cols, i - j0, -1);
+                    if (by_row) p.by_offset(dZ, g * p.W - qlo, S, g * J, cols, i - j0, -1);
                 },
                 Loop::threads);
             p.weighted_rows(dQ, rows, S, cols, Ks, s.D); // S holds the score gradients now
         });
         // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
+        if (s.aq) p.fold_rows(dQ, rows, dZ, qlo, wq, p.eq);
         b.loop(
             0, rows,
             [&](Expr g) {
-                if (s.aq) p.fold_rows(dQ, g, dZ, qlo, wq, p.eq);
                 b.loop(0, s.D,
                        [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
             },
             Loop::threads);
-        b.loop(
-            0, wq,
-            [&](Expr w) {
-                if (s.aq) p.add_partial(zq_part, part * p.WP + qlo - slo, w, dZ, rows, Qs);
-                if (s.bias) {
-                    int sum = b.var(Type::f32, 0.0);
-                    b.loop(0, rows,
-                           [&](Expr g) { b.set(sum, b.get(sum) + b.load(dZ, g * p.W + w)); });
-                    b.add_to(zb_part, part * p.WP + qlo - slo + w, b.get(sum));
-                }
-            },
-            Loop::threads);
+        if (s.aq) p.add_partial(zq_part, part * p.WP + qlo - slo, wq, dZ, rows, Qs);
+        // Column sums of dZQ row by row, so they vectorise over w (each still sums in row order).
+        if (s.bias)
+            b.loop(0, rows, [&](Expr g) {
+                b.loop(
+                    0, wq,
+                    [&](Expr w) {
+                        b.add_to(zb_part, part * p.WP + qlo - slo + w, b.load(dZ, g * p.W + w));
+                    },
+                    Loop::threads);
+            });
     });
     p.store_range(range, slo, sw);
     return b.finish();
@@ -605,19 +633,17 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                         b.store(St, jj * J + ii, pr);
                         b.store(dPt, jj * J + ii, gs);
                     });
-                    if (s.ak)
-                        p.by_offset(dZ, jj * p.W - klo, dPt, jj * J, saturated, qlo, rows, i0 - j,
-                                    1);
+                    if (s.ak) p.by_offset(dZ, jj * p.W - klo, dPt, jj * J, rows, i0 - j, 1);
                 },
                 Loop::threads);
             // St and dPt hold the probabilities and score gradients now.
             p.weighted_rows(dV, cols, St, rows, dOt, s.Dv);
             p.weighted_rows(dK, cols, dPt, rows, Qt, s.D);
         });
+        if (s.ak) p.fold_rows(dK, cols, dZ, klo, wk, p.ek);
         b.loop(
             0, cols,
             [&](Expr jj) {
-                if (s.ak) p.fold_rows(dK, jj, dZ, klo, wk, p.ek);
                 b.loop(0, s.D, [&](Expr x) {
                     b.store(dk, p.at(j0 + jj, x, s.D), b.load(dK, jj * s.D + x));
                 });
@@ -626,12 +652,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 });
             },
             Loop::threads);
-        if (s.ak) {
-            b.loop(
-                0, wk,
-                [&](Expr w) { p.add_partial(zk_part, part * p.WP + klo - slo, w, dZ, cols, Ks); },
-                Loop::threads);
-        }
+        if (s.ak) p.add_partial(zk_part, part * p.WP + klo - slo, wk, dZ, cols, Ks);
     });
     p.store_range(range, slo, sw);
     return b.finish();
