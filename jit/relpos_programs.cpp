@@ -226,20 +226,15 @@ struct Program {
             constant, [&] { b.loop(0, count, [&](Expr jj) { body(jj, u0); }); },
             [&] { b.loop(0, count, [&](Expr jj) { body(jj, pair_row(i - j0 - jj)); }); });
     }
-    // The same with the roles swapped: query i0 + ii against key j.
-    void over_queries(Expr constant, Expr u0, Expr count, Expr i0, Expr j,
-                      const std::function<void(Expr, Expr)>& body) {
-        b.when(
-            constant, [&] { b.loop(0, count, [&](Expr ii) { body(ii, u0); }); },
-            [&] { b.loop(0, count, [&](Expr ii) { body(ii, pair_row(i0 + ii - j)); }); });
-    }
 
-    // Score gradients by offset: dZ[at + u] += gs[from + c] for c < count, where pair c reads
+    // Score gradients by offset: dZ[at + u] += gs[from + c gstride] for c < count, where pair c
+    // reads
     // row u = pair_row(d0 + step c), step = +-1. The pairs split into three runs: offsets
     // clamped at one end (all read one row: one sum added), offsets read unclamped (distinct
     // rows, affine in c, so the loop vectorises), offsets clamped at the other end. A saturated
     // tile pair is one run. Apart from the pair loop so that loop vectorises.
-    void by_offset(int dZ, Expr at, int gs, Expr from, Expr count, Expr d0, std::int64_t step) {
+    void by_offset(int dZ, Expr at, int gs, Expr from, std::int64_t gstride, Expr count, Expr d0,
+                   std::int64_t step) {
         // Offsets in [dlo, Delta] read row offset + Delta (a causal mask clamps below at 0).
         Expr dlo = s.causal ? Expr(0) : -Delta;
         // Runs [0, a), [a, c1), [c1, count) in c; the first and last clamp to rows r0, r1.
@@ -250,13 +245,15 @@ struct Program {
         auto clamped = [&](Expr lo, Expr hi, Expr r) {
             b.when(lo < hi, [&] {
                 int sum = b.var(Type::f32, 0.0);
-                b.loop(lo, hi, [&](Expr c) { b.set(sum, b.get(sum) + b.load(gs, from + c)); });
+                b.loop(lo, hi,
+                       [&](Expr c) { b.set(sum, b.get(sum) + b.load(gs, from + c * gstride)); });
                 b.add_to(dZ, at + r, b.get(sum));
             });
         };
         clamped(0, a, r0);
-        b.loop(a, c1,
-               [&](Expr c) { b.add_to(dZ, at + d0 + Delta + c * step, b.load(gs, from + c)); });
+        b.loop(a, c1, [&](Expr c) {
+            b.add_to(dZ, at + d0 + Delta + c * step, b.load(gs, from + c * gstride));
+        });
         clamped(c1, count, r1);
     }
 
@@ -516,7 +513,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                             b.let(pr * (b.load(dP, g * J + jj) - b.load(Dg, g)) * s.scale, "gs");
                         b.store(S, g * J + jj, gs);
                     });
-                    if (by_row) p.by_offset(dZ, g * p.W - qlo, S, g * J, cols, i - j0, -1);
+                    if (by_row) p.by_offset(dZ, g * p.W - qlo, S, g * J, 1, cols, i - j0, -1);
                 },
                 Loop::threads);
             p.weighted_rows(dQ, rows, S, cols, Ks, s.D); // S holds the score gradients now
@@ -557,13 +554,15 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int zk_part = b.buffer("zk_part", kir::Elem::f32);
     const int range = b.buffer("range", kir::Elem::i64);
     p.saved_buffers();
-    const int Ks = b.scratch("Ks", p.G * s.D), Vs = b.scratch("Vs", p.G * s.Dv);
+    // The strip is staged transposed (KsT, VsT) once, so each query tile is staged row-major
+    // only (QtT just for its projections): scores and dP are [query][key] tiles.
+    const int Ks = b.scratch("Ks", p.sized(s.ak, p.G * s.D));
+    const int KsT = b.scratch("KsT", Expr(J * s.D)), VsT = b.scratch("VsT", Expr(J * s.Dv));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.W) * J));
-    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
     const int Qt = b.scratch("Qt", Expr(J * s.D)), dOt = b.scratch("dOt", Expr(J * s.Dv));
-    const int QtT = b.scratch("QtT", Expr(J * s.D)), dOtT = b.scratch("dOtT", Expr(J * s.Dv));
+    const int QtT = b.scratch("QtT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int St = b.scratch("St", p.G * J), dPt = b.scratch("dPt", p.G * J);
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.WJ) * J));
@@ -584,8 +583,9 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
         Expr cols = b.let(min(p.G, n - j0), "cols");
         Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
         Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
-        p.stage(Ks, p.k, j0, cols, s.D);
-        p.stage(Vs, p.v, j0, cols, s.Dv);
+        if (s.ak) p.stage(Ks, p.k, j0, cols, s.D);
+        p.stage_t(KsT, p.k, j0, cols, s.D);
+        p.stage_t(VsT, p.v, j0, cols, s.Dv);
         b.loop(
             0, cols,
             [&](Expr jj) {
@@ -594,18 +594,14 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 if (s.ak) b.loop(0, wk, [&](Expr w) { b.store(dZ, jj * p.W + w, 0.0); });
             },
             Loop::threads);
-        if (p.projects_k()) {
-            p.stage_t(KsT, p.k, j0, cols, s.D);
-            p.project(ZK, KsT, p.ek, klo, wk, false);
-        }
+        if (p.projects_k()) p.project(ZK, KsT, p.ek, klo, wk, false);
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
             Expr i0 = b.let(first + t * J, "i0");
             Expr rows = b.let(min(Expr(J), n - i0), "rows");
             p.stage(Qt, p.q, i0, rows, s.D);
             p.stage(dOt, dO, i0, rows, s.Dv);
-            p.stage_t(QtT, p.q, i0, rows, s.D);
-            p.stage_t(dOtT, dO, i0, rows, s.Dv);
+            if (p.projects_q()) p.stage_t(QtT, p.q, i0, rows, s.D);
             b.loop(
                 0, rows,
                 [&](Expr ii) {
@@ -617,28 +613,40 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
             Expr qlo = b.let(p.row(dmin), "qlo");
             if (p.projects_q()) p.project(ZQ, QtT, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
             Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
-            p.products(St, cols, Ks, QtT, s.D);
-            p.products(dPt, cols, Vs, dOtT, s.Dv);
+            p.products(St, rows, Qt, KsT, s.D);
+            p.products(dPt, rows, dOt, VsT, s.Dv);
             b.loop(
-                0, cols,
-                [&](Expr jj) {
-                    Expr j = b.let(j0 + jj, "j");
-                    p.over_queries(saturated, qlo, rows, i0, j, [&](Expr ii, Expr u) {
-                        Expr sc = p.masked(p.score(b.load(St, jj * J + ii), ii, jj, u, ZQ, qlo, ZK,
-                                                   klo, i0 + ii, j),
-                                           i0 + ii, j);
-                        Expr pr = b.let(exp(sc - b.load(Lt, ii)), "p");
-                        Expr gs =
-                            b.let(pr * (b.load(dPt, jj * J + ii) - b.load(Dt, ii)) * s.scale, "gs");
-                        b.store(St, jj * J + ii, pr);
-                        b.store(dPt, jj * J + ii, gs);
+                0, rows,
+                [&](Expr ii) {
+                    Expr i = b.let(i0 + ii, "i");
+                    Expr lt = b.let(b.load(Lt, ii), "lt"), dt = b.let(b.load(Dt, ii), "dt");
+                    p.over_pairs(saturated, qlo, cols, i, j0, [&](Expr jj, Expr u) {
+                        Expr sc = p.masked(p.score(b.load(St, ii * J + jj), ii, jj, u, ZQ, qlo, ZK,
+                                                   klo, i, j0 + jj),
+                                           i, j0 + jj);
+                        Expr pr = b.let(exp(sc - lt), "p");
+                        Expr gs = b.let(pr * (b.load(dPt, ii * J + jj) - dt) * s.scale, "gs");
+                        b.store(St, ii * J + jj, pr);
+                        b.store(dPt, ii * J + jj, gs);
                     });
-                    if (s.ak) p.by_offset(dZ, jj * p.W - klo, dPt, jj * J, rows, i0 - j, 1);
                 },
                 Loop::threads);
-            // St and dPt hold the probabilities and score gradients now.
-            p.weighted_rows(dV, cols, St, rows, dOt, s.Dv);
-            p.weighted_rows(dK, cols, dPt, rows, Qt, s.D);
+            if (s.ak)
+                b.loop(
+                    0, cols,
+                    [&](Expr jj) {
+                        p.by_offset(dZ, jj * p.W - klo, dPt, jj, J, rows, i0 - j0 - jj, 1);
+                    },
+                    Loop::threads);
+            // St and dPt hold the probabilities and score gradients now, [query][key].
+            p.blocked_rows(
+                cols, rows, s.Dv, dV, [&](Expr jj, Expr x) { return jj * s.Dv + x; },
+                [&](Expr jj, Expr ii) { return b.load(St, ii * J + jj); },
+                [&](Expr ii, Expr x) { return b.load(dOt, ii * s.Dv + x); });
+            p.blocked_rows(
+                cols, rows, s.D, dK, [&](Expr jj, Expr x) { return jj * s.D + x; },
+                [&](Expr jj, Expr ii) { return b.load(dPt, ii * J + jj); },
+                [&](Expr ii, Expr x) { return b.load(Qt, ii * s.D + x); });
         });
         if (s.ak) p.fold_rows(dK, cols, dZ, klo, wk, p.ek);
         b.loop(
