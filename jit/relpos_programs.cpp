@@ -227,6 +227,14 @@ struct Program {
             [&] { b.loop(0, count, [&](Expr jj) { body(jj, pair_row(i - j0 - jj)); }); });
     }
 
+    // The same with the roles swapped: query i0 + ii against key j.
+    void over_queries(Expr constant, Expr u0, Expr count, Expr i0, Expr j,
+                      const std::function<void(Expr, Expr)>& body) {
+        b.when(
+            constant, [&] { b.loop(0, count, [&](Expr ii) { body(ii, u0); }); },
+            [&] { b.loop(0, count, [&](Expr ii) { body(ii, pair_row(i0 + ii - j)); }); });
+    }
+
     // Score gradients by offset: dZ[at + u] += gs[from + c gstride] for c < count, where pair c
     // reads
     // row u = pair_row(d0 + step c), step = +-1. The pairs split into three runs: offsets
@@ -261,18 +269,16 @@ struct Program {
         Expr j0, cols, klo, saturated;
     };
     // Key tile t (of J keys, up to kend) against the query strip [i0, i0 + rows): stages its
-    // keys (Ks row-major when given, KsT transposed) and values (Vs row-major or VsT
-    // transposed, whichever is given), projects the keys onto the rows the pair reaches (from
-    // klo), and says whether every pair saturates (then they all read row klo).
-    KeyTile key_tile(Expr t, Expr i0, Expr rows, Expr kend, int Ks, int KsT, int Vs, int VsT,
-                     int ZK) {
+    // keys (Ks row-major, KsT transposed, each when given; KsT when they are projected) and
+    // values (Vs row-major), projects the keys onto the rows the pair reaches (from klo), and
+    // says whether every pair saturates (then they all read row klo).
+    KeyTile key_tile(Expr t, Expr i0, Expr rows, Expr kend, int Ks, int KsT, int Vs, int ZK) {
         const auto J = RelposShape::J;
         Expr j0 = b.let(t * J, "j0");
         Expr cols = b.let(min(Expr(J), kend - j0), "cols");
         if (Ks >= 0) stage(Ks, k, j0, cols, s.D);
-        stage_t(KsT, k, j0, cols, s.D);
-        if (Vs >= 0) stage(Vs, v, j0, cols, s.Dv);
-        if (VsT >= 0) stage_t(VsT, v, j0, cols, s.Dv);
+        if (KsT >= 0) stage_t(KsT, k, j0, cols, s.D);
+        stage(Vs, v, j0, cols, s.Dv);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
         if (projects_k()) project(ZK, KsT, ek, klo, row(dmax) - klo + 1, false);
@@ -371,7 +377,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     }
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
     b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-        auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, -1, KsT, Vs, -1, ZK);
+        auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, -1, KsT, Vs, ZK);
         p.products(S, rows, Qs, KsT, s.D);
         b.loop(
             0, rows,
@@ -445,14 +451,16 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     const int zb_part = b.buffer("zb_part", kir::Elem::f32);
     const int range = b.buffer("range", kir::Elem::i64);
     p.saved_buffers();
-    const int Qs = b.scratch("Qs", p.G * s.D), dOs = b.scratch("dOs", p.G * s.Dv);
+    // The strip is staged transposed (QsT, dOsT) once, so each key tile is staged row-major
+    // only (KsT just for its projections): scores and dP are [key][query] tiles.
+    const int Qs = b.scratch("Qs", p.sized(s.aq, p.G * s.D)), dOs = b.scratch("dOs", p.G * s.Dv);
+    const int QsT = b.scratch("QsT", Expr(J * s.D)), dOsT = b.scratch("dOsT", Expr(J * s.Dv));
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
-    const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
-    const int Ks = b.scratch("Ks", Expr(J * s.D)), KsT = b.scratch("KsT", Expr(J * s.D));
-    const int VsT = b.scratch("VsT", Expr(J * s.Dv));
+    const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
+    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", p.G * J), dP = b.scratch("dP", p.G * J);
     p.own_strip();
@@ -474,8 +482,10 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
         Expr rows = b.let(min(p.G, n - i0), "rows");
         Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
         Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
-        p.stage(Qs, p.q, i0, rows, s.D);
+        if (s.aq) p.stage(Qs, p.q, i0, rows, s.D);
         p.stage(dOs, dO, i0, rows, s.Dv);
+        p.stage_t(QsT, p.q, i0, rows, s.D);
+        p.stage_t(dOsT, dO, i0, rows, s.Dv);
         b.loop(
             0, rows,
             [&](Expr g) {
@@ -491,32 +501,38 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                 if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
             },
             Loop::threads);
-        if (p.projects_q()) {
-            p.stage_t(QsT, p.q, i0, rows, s.D);
-            p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
-        }
+        if (p.projects_q()) p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-            auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, KsT, -1, VsT, ZK);
-            p.products(S, rows, Qs, KsT, s.D);
-            p.products(dP, rows, dOs, VsT, s.Dv);
+            auto [j0, cols, klo, saturated] =
+                p.key_tile(t, i0, rows, kend, Ks, p.projects_k() ? KsT : -1, Vs, ZK);
+            p.products(S, cols, Ks, QsT, s.D);
+            p.products(dP, cols, Vs, dOsT, s.Dv);
             b.loop(
-                0, rows,
-                [&](Expr g) {
-                    Expr i = b.let(i0 + g, "i");
-                    p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
+                0, cols,
+                [&](Expr jj) {
+                    Expr j = b.let(j0 + jj, "j");
+                    p.over_queries(saturated, klo, rows, i0, j, [&](Expr g, Expr u) {
                         Expr sc = p.masked(
-                            p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, ZK, klo, i, j0 + jj),
-                            i, j0 + jj);
+                            p.score(b.load(S, jj * J + g), g, jj, u, ZQ, qlo, ZK, klo, i0 + g, j),
+                            i0 + g, j);
                         Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
                         Expr gs =
-                            b.let(pr * (b.load(dP, g * J + jj) - b.load(Dg, g)) * s.scale, "gs");
-                        b.store(S, g * J + jj, gs);
+                            b.let(pr * (b.load(dP, jj * J + g) - b.load(Dg, g)) * s.scale, "gs");
+                        b.store(S, jj * J + g, gs);
                     });
-                    if (by_row) p.by_offset(dZ, g * p.W - qlo, S, g * J, 1, cols, i - j0, -1);
                 },
                 Loop::threads);
-            p.weighted_rows(dQ, rows, S, cols, Ks, s.D); // S holds the score gradients now
+            if (by_row)
+                b.loop(
+                    0, rows,
+                    [&](Expr g) { p.by_offset(dZ, g * p.W - qlo, S, g, J, cols, i0 + g - j0, -1); },
+                    Loop::threads);
+            // S holds the score gradients now, [key][query].
+            p.blocked_rows(
+                rows, cols, s.D, dQ, [&](Expr g, Expr x) { return g * s.D + x; },
+                [&](Expr g, Expr jj) { return b.load(S, jj * J + g); },
+                [&](Expr jj, Expr x) { return b.load(Ks, jj * s.D + x); });
         });
         // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
         if (s.aq) p.fold_rows(dQ, rows, dZ, qlo, wq, p.eq);
