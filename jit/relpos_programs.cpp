@@ -218,13 +218,43 @@ struct Program {
         return t * s.scale;
     }
 
+    // Pairs c < count at offsets d0 + step c (step +-1) fall into three runs: [0, a) and
+    // [c1, count) clamp to one row each (r0, r1), [a, c1) read row d0 + step c + Delta, affine
+    // in c. A causal mask clamps offsets below at 0 (masked pairs read row(0)).
+    struct Runs {
+        Expr a, c1, r0, r1;
+    };
+    Runs runs(Expr count, Expr d0, std::int64_t step) {
+        Expr dlo = s.causal ? Expr(0) : -Delta; // offsets in [dlo, Delta] are read unclamped
+        Expr a = b.let(clamp(step > 0 ? dlo - d0 : d0 - Delta, Expr(0), count), "a");
+        Expr c1 = b.let(clamp(step > 0 ? Delta - d0 + 1 : d0 - dlo + 1, a, count), "c1");
+        return {a, c1, step > 0 ? dlo + Delta : Expr(2) * Delta,
+                step > 0 ? Expr(2) * Delta : dlo + Delta};
+    }
+    // Runs body(c, u) for the pairs c < count at offsets d0 + step c, u the row each reads, a
+    // run at a time: inside each loop the row is constant or affine in c, so the loop needs
+    // no per-pair clamp and its loads by row are contiguous or strided, not gathered by index.
+    void over_offsets(Expr count, Expr d0, std::int64_t step,
+                      const std::function<void(Expr, Expr)>& body) {
+        Expr d = b.let(d0, "d0");
+        Runs r = runs(count, d, step);
+        b.loop(0, r.a, [&](Expr c) { body(c, r.r0); });
+        b.loop(r.a, r.c1, [&](Expr c) { body(c, d + Delta + c * step); });
+        b.loop(r.c1, count, [&](Expr c) { body(c, r.r1); });
+    }
     // Runs body(jj, u) for jj in [0, count) and key j0 + jj against query i: when `constant`
-    // (a saturated tile pair) with the one row u0, else with each pair's own row.
+    // (a saturated tile pair) with the one row u0, else with each pair's own row, by runs when
+    // `by_runs` (the forward's light pair body runs faster as one loop that clamps each row).
     void over_pairs(Expr constant, Expr u0, Expr count, Expr i, Expr j0,
-                    const std::function<void(Expr, Expr)>& body) {
+                    const std::function<void(Expr, Expr)>& body, bool by_runs = true) {
         b.when(
             constant, [&] { b.loop(0, count, [&](Expr jj) { body(jj, u0); }); },
-            [&] { b.loop(0, count, [&](Expr jj) { body(jj, pair_row(i - j0 - jj)); }); });
+            [&] {
+                if (by_runs)
+                    over_offsets(count, i - j0, -1, body);
+                else
+                    b.loop(0, count, [&](Expr jj) { body(jj, pair_row(i - j0 - jj)); });
+            });
     }
 
     // The same with the roles swapped: query i0 + ii against key j.
@@ -232,37 +262,29 @@ struct Program {
                       const std::function<void(Expr, Expr)>& body) {
         b.when(
             constant, [&] { b.loop(0, count, [&](Expr ii) { body(ii, u0); }); },
-            [&] { b.loop(0, count, [&](Expr ii) { body(ii, pair_row(i0 + ii - j)); }); });
+            [&] { over_offsets(count, i0 - j, 1, body); });
     }
 
     // Score gradients by offset: dZ[at + u] += gs[from + c gstride] for c < count, where pair c
-    // reads
-    // row u = pair_row(d0 + step c), step = +-1. The pairs split into three runs: offsets
-    // clamped at one end (all read one row: one sum added), offsets read unclamped (distinct
-    // rows, affine in c, so the loop vectorises), offsets clamped at the other end. A saturated
-    // tile pair is one run. Apart from the pair loop so that loop vectorises.
+    // reads row u = pair_row(d0 + step c), step = +-1: one sum per clamped run (all its pairs
+    // read one row), and a loop over the unclamped run, whose rows are distinct and affine in
+    // c, so it vectorises. Apart from the pair loop so that loop vectorises.
     void by_offset(int dZ, Expr at, int gs, Expr from, std::int64_t gstride, Expr count, Expr d0,
                    std::int64_t step) {
-        // Offsets in [dlo, Delta] read row offset + Delta (a causal mask clamps below at 0).
-        Expr dlo = s.causal ? Expr(0) : -Delta;
-        // Runs [0, a), [a, c1), [c1, count) in c; the first and last clamp to rows r0, r1.
-        Expr a = b.let(clamp(step > 0 ? dlo - d0 : d0 - Delta, Expr(0), count), "a");
-        Expr c1 = b.let(clamp(step > 0 ? Delta - d0 + 1 : d0 - dlo + 1, a, count), "c1");
-        const Expr r0 = step > 0 ? dlo + Delta : Expr(2) * Delta;
-        const Expr r1 = step > 0 ? Expr(2) * Delta : dlo + Delta;
-        auto clamped = [&](Expr lo, Expr hi, Expr r) {
+        Runs r = runs(count, d0, step);
+        auto clamped = [&](Expr lo, Expr hi, Expr row) {
             b.when(lo < hi, [&] {
                 int sum = b.var(Type::f32, 0.0);
                 b.loop(lo, hi,
                        [&](Expr c) { b.set(sum, b.get(sum) + b.load(gs, from + c * gstride)); });
-                b.add_to(dZ, at + r, b.get(sum));
+                b.add_to(dZ, at + row, b.get(sum));
             });
         };
-        clamped(0, a, r0);
-        b.loop(a, c1, [&](Expr c) {
+        clamped(0, r.a, r.r0);
+        b.loop(r.a, r.c1, [&](Expr c) {
             b.add_to(dZ, at + d0 + Delta + c * step, b.load(gs, from + c * gstride));
         });
-        clamped(c1, count, r1);
+        clamped(r.c1, count, r.r1);
     }
 
     struct KeyTile {
@@ -383,12 +405,15 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
             0, rows,
             [&](Expr g) {
                 Expr i = b.let(i0 + g, "i");
-                p.over_pairs(saturated, klo, cols, i, j0, [&](Expr jj, Expr u) {
-                    Expr sc = p.masked(
-                        p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, ZK, klo, i, j0 + jj), i,
-                        j0 + jj);
-                    b.store(S, g * J + jj, sc);
-                });
+                p.over_pairs(
+                    saturated, klo, cols, i, j0,
+                    [&](Expr jj, Expr u) {
+                        Expr sc = p.masked(
+                            p.score(b.load(S, g * J + jj), g, jj, u, ZQ, qlo, ZK, klo, i, j0 + jj),
+                            i, j0 + jj);
+                        b.store(S, g * J + jj, sc);
+                    },
+                    false);
                 // The row maximum: `lanes` running maxima over the padded row (elementwise,
                 // so it vectorises where a scalar max reduction would not), then their max.
                 b.loop(cols, Expr(J), [&](Expr jj) { b.store(S, g * J + jj, minus_inf); });
