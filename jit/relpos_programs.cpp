@@ -291,9 +291,9 @@ struct Program {
         Expr j0, cols, klo, saturated;
     };
     // Key tile t (of J keys, up to kend) against the query strip [i0, i0 + rows): stages its
-    // keys (Ks row-major, KsT transposed, each when given; KsT when they are projected) and
-    // values (Vs row-major), projects the keys onto the rows the pair reaches (from klo), and
-    // says whether every pair saturates (then they all read row klo).
+    // keys (Ks row-major and KsT transposed, each when given; KsT must be given when keys are
+    // projected) and values (Vs row-major), projects the keys onto the rows the pair reaches
+    // (from klo), and says whether every pair saturates (then they all read row klo).
     KeyTile key_tile(Expr t, Expr i0, Expr rows, Expr kend, int Ks, int KsT, int Vs, int ZK) {
         const auto J = RelposShape::J;
         Expr j0 = b.let(t * J, "j0");
@@ -487,7 +487,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
-    const int S = b.scratch("S", p.G * J), dP = b.scratch("dP", p.G * J);
+    const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
     p.own_strip();
     Expr n = p.n;
     // The sample's reachable rows; its strips add their shares of the table gradients there.
@@ -604,7 +604,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
     const int Qt = b.scratch("Qt", Expr(J * s.D)), dOt = b.scratch("dOt", Expr(J * s.Dv));
     const int QtT = b.scratch("QtT", p.sized(p.projects_q(), Expr(J * s.D)));
-    const int St = b.scratch("St", p.G * J), dPt = b.scratch("dPt", p.G * J);
+    const int St = b.scratch("St", Expr(J * J)), dPt = b.scratch("dPt", Expr(J * J));
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.WJ) * J));
     p.own_strip();
