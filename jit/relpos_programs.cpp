@@ -162,34 +162,6 @@ struct Program {
             out, rows, [&](Expr r, Expr x) { return b.load(a, r * width + x); }, bt, width);
     }
 
-    // acc[r * width + x] += sum_c w[r * J + c] src[c * width + x] for r < rows, c < count:
-    // rows of weights times a row-major tile, vectorised over x, `block` rows at a time (rows
-    // past the end, up to the next multiple of `block`, take the last row's weights; acc holds
-    // them). Each element sums in c order.
-    void weighted_rows(int acc, Expr rows, int w, Expr count, int src, std::int64_t width) {
-        const auto J = RelposShape::J;
-        b.loop(
-            0, kir::ceil_div(rows, block),
-            [&](Expr rb) {
-                std::vector<Expr> r, ra;
-                for (std::int64_t k = 0; k < block; ++k) {
-                    r.push_back(b.let(rb * block + k, "r"));
-                    ra.push_back(b.let(min(r.back(), rows - 1), "ra"));
-                }
-                b.loop(0, count, [&](Expr c) {
-                    std::vector<Expr> wc;
-                    for (std::int64_t k = 0; k < block; ++k)
-                        wc.push_back(b.let(b.load(w, ra[k] * J + c), "wc"));
-                    b.loop(0, width, [&](Expr x) {
-                        Expr y = b.let(b.load(src, c * width + x), "y");
-                        for (std::int64_t k = 0; k < block; ++k)
-                            b.add_to(acc, r[k] * width + x, wc[k] * y);
-                    });
-                });
-            },
-            Loop::threads);
-    }
-
     // projT[w * J + r] = row r of srcT (a tile staged by stage_t) . table row lo + w (+ bias)
     // for w < rows and every r < J: the tile's projections onto the rows it reaches.
     void project(int projT, int srcT, int tab, Expr lo, Expr rows, bool with_bias) {
@@ -448,7 +420,11 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                     [&] { b.loop(0, cols, [&](Expr jj) { b.store(S, g * J + jj, 0.0); }); });
             },
             Loop::threads);
-        p.weighted_rows(A, rows, S, cols, Vs, s.Dv); // S holds the probabilities now
+        // S holds the probabilities now: A += P V.
+        p.blocked_rows(
+            rows, cols, s.Dv, A, [&](Expr g, Expr x) { return g * s.Dv + x; },
+            [&](Expr g, Expr jj) { return b.load(S, g * J + jj); },
+            [&](Expr jj, Expr x) { return b.load(Vs, jj * s.Dv + x); });
     });
     b.loop(
         0, rows,
