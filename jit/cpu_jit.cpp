@@ -4,6 +4,7 @@
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
 #include "jit/elementwise_llvm.hpp"
+#include "jit/gemm_programs.hpp"
 #include "jit/index_map.hpp"
 #include "jit/layout.hpp"
 #include "jit/llvm_jit.hpp"
@@ -157,37 +158,29 @@ void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedT
         result = run_batched_gemm(n, vals);
         return;
     }
-    const bool weight_grad = n.op == "matmul_weight_grad";
-    const std::int64_t C = weight_grad ? n.type.shape.axes[0].extent : b.shape().axes[0].extent;
-    const std::int64_t D = weight_grad ? n.type.shape.axes[1].extent : b.shape().axes[1].extent;
-    StructurePtr st;
-    if (weight_grad) {
-        st = Structure::make(n.type.shape, 1, {C, D});
-    } else {
-        std::vector<std::int64_t> sizes = a.structure().sizes();
-        const int d = a.structure().rank();
-        for (std::int64_t i = 0; i < a.batch(); ++i) sizes[std::size_t(i * d + d - 1)] = D;
-        st = Structure::make(n.type.shape, a.batch(), sizes);
-    }
-    const std::int64_t rows = C ? a.numel() / C : 0;
-    if (rows == 0 || C == 0 || D == 0) { // nothing to multiply: zeros
-        result = RaggedTensor::zeros(n.type.dtype, st);
+    const std::optional<GemmJob> found = gemm_job(n, vals);
+    if (!found) { // operands that disagree: the reference kernel says which sample
+        result = evaluate(n.op, {a, b}, n.attrs);
         return;
     }
-    result = uninitialized(n.type.dtype, st); // the GEMM (beta = 0) writes every element
-    // Row-major: out[rows, D] = a[rows, C] b[C, D], or out[C, D] = a[rows, C]^T b[rows, D].
-    const auto ta = weight_grad ? CblasTrans : CblasNoTrans;
-    const int m = int(weight_grad ? C : rows), k = int(weight_grad ? rows : C);
+    const GemmJob& job = *found;
+    if (job.M == 0 || job.N == 0 || job.K == 0) { // nothing to multiply: zeros
+        result = RaggedTensor::zeros(n.type.dtype, job.out);
+        return;
+    }
+    result = uninitialized(n.type.dtype, job.out); // the GEMM (beta = 0) writes every element
+    // Row-major: out[M, N] = a[M, K] b[K, N], or a[K, M]^T b[K, N] for the weight gradient.
+    const auto ta = job.a_transposed ? CblasTrans : CblasNoTrans;
+    const int m = int(job.M), d = int(job.N), k = int(job.K);
+    const int lda = int(job.a_transposed ? job.M : job.K);
     if (n.type.dtype == DType::f32)
-        cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0f,
-                    static_cast<const float*>(a.data()), int(C),
-                    static_cast<const float*>(b.data()), int(D), 0.0f,
-                    static_cast<float*>(result.mutable_data()), int(D));
+        cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0f,
+                    static_cast<const float*>(a.data()), lda, static_cast<const float*>(b.data()),
+                    d, 0.0f, static_cast<float*>(result.mutable_data()), d);
     else
-        cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, int(D), k, 1.0,
-                    static_cast<const double*>(a.data()), int(C),
-                    static_cast<const double*>(b.data()), int(D), 0.0,
-                    static_cast<double*>(result.mutable_data()), int(D));
+        cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0,
+                    static_cast<const double*>(a.data()), lda, static_cast<const double*>(b.data()),
+                    d, 0.0, static_cast<double*>(result.mutable_data()), d);
 }
 
 class CompiledCpu final : public CpuFunction {

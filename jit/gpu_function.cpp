@@ -2,6 +2,7 @@
 
 #include "ir/interpreter.hpp"
 #include "jit/cpu_jit.hpp"
+#include "jit/gemm_programs.hpp"
 #include "jit/kir_gpu.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos_gpu.hpp"
@@ -33,6 +34,29 @@ bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTen
     for (const auto& b : bufs) ptrs.push_back(b.ptr());
     k.launch(job->grid(), ptrs, {});
     vals[i] = from_device(bufs.back(), DType::f32, job->out);
+    return true;
+}
+
+// x @ W over packed rows and weight gradients (f32, f16, bf16) on the device through the GEMM
+// tile program (jit/gemm_programs.hpp): tensor cores for the half types. Says whether node i
+// ran here.
+bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals) {
+    const DType t = n.type.dtype;
+    if (t != DType::f32 && t != DType::f16 && t != DType::bf16) return false;
+    std::optional<GemmJob> job = gemm_job(n, vals);
+    if (!job) return false;
+    if (job->M == 0 || job->N == 0) {
+        vals[i] = RaggedTensor::zeros(t, job->out);
+        return true;
+    }
+    const GpuKernel& k =
+        gpu_kernel(std::string("gemm/").append(dtype_name(t)), [t] { return gemm_program(t); });
+    const cuda::Buffer a = to_device(vals[std::size_t(n.args[0])]);
+    const cuda::Buffer b = to_device(vals[std::size_t(n.args[1])]);
+    const cuda::Buffer c = device_buffer(std::size_t(job->M * job->N) * dtype_size(t));
+    const std::uint64_t ptrs[] = {a.ptr(), b.ptr(), c.ptr()};
+    k.launch(job->grid(), ptrs, job->params());
+    vals[i] = from_device(c, t, job->out);
     return true;
 }
 
@@ -72,12 +96,12 @@ class CompiledGpu final : public GpuFunction {
                 run_group(std::size_t(s.index), vals);
                 continue;
             }
-            // Device kernels where there are some; else the CPU tier's host kernels (GEMMs,
-            // norms, attention, layout, other reductions), which also compute the sibling
-            // gradients of a rowwise or attention step; else the reference kernels.
+            // Device kernels where there are some; else the CPU tier's host kernels (f64
+            // GEMMs, batched GEMMs, norms, attention, layout, other reductions), which also compute
+            // the sibling gradients of a rowwise or attention step; else the reference kernels.
             const std::size_t i = std::size_t(s.index);
             if (relpos.run(f_, i, vals) || run_segment_program(f_.nodes[i], i, vals) ||
-                run_host_step(f_, s, vals))
+                run_gemm_program(f_.nodes[i], i, vals) || run_host_step(f_, s, vals))
                 continue;
             reference(i, vals);
             for (int j : s.also) reference(std::size_t(j), vals);

@@ -154,9 +154,13 @@ Expr Builder::param(const std::string& name) {
     return make(Op::param, Type::i64, {}, std::int64_t(k_.params.size() - 1));
 }
 
+bool on_tensor_cores(const Mma& mma) {
+    return mma.precision != Precision::f32 && mma.m % 16 == 0 && mma.n % 8 == 0 && mma.k % 16 == 0;
+}
+
 int Builder::buffer(const std::string& name, Elem e) {
-    if (!k_.buffers.empty() && k_.buffers.back().space == Space::scratch)
-        fail("kernel IR ", k_.name, ": declare global buffers before scratch arrays");
+    if (!k_.buffers.empty() && k_.buffers.back().space != Space::global)
+        fail("kernel IR ", k_.name, ": declare global buffers before scratch and shared arrays");
     k_.buffers.push_back({name, e, Space::global, {}});
     return int(k_.buffers.size() - 1);
 }
@@ -167,6 +171,18 @@ int Builder::scratch(const std::string& name, Expr size) {
     return int(k_.buffers.size() - 1);
 }
 
+int Builder::shared(const std::string& name, std::int64_t size) {
+    auto aligned = [](std::int64_t floats) { return (floats * 4 + 63) / 64 * 64; };
+    std::int64_t bytes = aligned(size);
+    for (const auto& b : k_.buffers)
+        if (b.space == Space::shared) bytes += aligned(b.size.node().i);
+    if (size < 1 || bytes > kSharedBytes)
+        fail("kernel IR ", k_.name, ": shared array ", name, " of ", size,
+             " floats does not fit the ", kSharedBytes, " bytes of shared memory");
+    k_.buffers.push_back({name, Elem::f32, Space::shared, Expr(size)});
+    return int(k_.buffers.size() - 1);
+}
+
 Expr Builder::pid() const {
     return make(Op::program_id, Type::i64, {});
 }
@@ -174,7 +190,7 @@ Expr Builder::pid() const {
 Expr Builder::let(Expr v, const std::string& name) {
     k_.lets.push_back(name.empty() ? "t" + std::to_string(k_.lets.size()) : name);
     const auto id = std::int64_t(k_.lets.size() - 1);
-    block().push_back({Stmt::Kind::let, id, v, {}, {}, {}, {}, Loop::serial});
+    block().push_back({Stmt::Kind::let, id, v, {}, {}, {}, {}, Loop::serial, {}});
     return make(Op::let, v.type(), {}, id);
 }
 
@@ -192,7 +208,7 @@ Expr Builder::get(int v) const {
 void Builder::set(int v, Expr e) {
     Expr cur = get(v);
     unify(cur, e, "assignment");
-    block().push_back({Stmt::Kind::assign, v, e, {}, {}, {}, {}, Loop::serial});
+    block().push_back({Stmt::Kind::assign, v, e, {}, {}, {}, {}, Loop::serial, {}});
 }
 
 Expr Builder::load(int buf, Expr index) const {
@@ -206,18 +222,26 @@ void Builder::store(int buf, Expr index, Expr v) {
     if (value_type(b.elem) == Type::f32 && is_const_int(v)) v = Expr(double(v.node().i));
     if (index.type() != Type::i64 || v.type() != value_type(b.elem))
         fail("kernel IR ", k_.name, ": store to ", b.name, " of the wrong type");
-    block().push_back({Stmt::Kind::store, buf, index, v, {}, {}, {}, Loop::serial});
+    block().push_back({Stmt::Kind::store, buf, index, v, {}, {}, {}, Loop::serial, {}});
 }
 
 void Builder::nest(Stmt s, const std::function<void()>& fill_body,
                    const std::function<void()>& fill_else) {
-    open_.push_back(&s.body);
-    fill_body();
-    open_.pop_back();
+    // A misuse inside a body throws; the builder then stays as it was before this statement.
+    struct Open {
+        std::vector<std::vector<Stmt>*>& open;
+        Open(std::vector<std::vector<Stmt>*>& o, std::vector<Stmt>* block) : open(o) {
+            open.push_back(block);
+        }
+        ~Open() { open.pop_back(); }
+    };
+    {
+        Open body(open_, &s.body);
+        fill_body();
+    }
     if (fill_else) {
-        open_.push_back(&s.orelse);
+        Open orelse(open_, &s.orelse);
         fill_else();
-        open_.pop_back();
     }
     block().push_back(std::move(s));
 }
@@ -228,13 +252,38 @@ void Builder::loop(Expr lo, Expr hi, const std::function<void(Expr)>& body, Loop
     k_.lets.push_back("i" + std::to_string(k_.lets.size()));
     const auto id = std::int64_t(k_.lets.size() - 1);
     Expr index = make(Op::let, Type::i64, {}, id);
-    nest({Stmt::Kind::loop, id, lo, hi, {}, {}, {}, kind}, [&] { body(index); }, {});
+    struct Depth { // counts open threads loops, also when a body throws
+        int& depth;
+        int add;
+        ~Depth() { depth -= add; }
+    } depth{threads_depth_, kind == Loop::threads};
+    threads_depth_ += depth.add;
+    nest({Stmt::Kind::loop, id, lo, hi, {}, {}, {}, kind, {}}, [&] { body(index); }, {});
 }
 
 void Builder::when(Expr cond, const std::function<void()>& then,
                    const std::function<void()>& otherwise) {
     if (cond.type() != Type::i1) fail("kernel IR ", k_.name, ": condition must be a boolean");
-    nest({Stmt::Kind::branch, 0, cond, {}, {}, {}, {}, Loop::serial}, then, otherwise);
+    nest({Stmt::Kind::branch, 0, cond, {}, {}, {}, {}, Loop::serial, {}}, then, otherwise);
+}
+
+void Builder::mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  Precision p) {
+    auto fail_mma = [&](const char* why) { fail("kernel IR ", k_.name, ": mma ", why); };
+    if (threads_depth_ > 0) fail_mma("inside a threads loop (it is a statement of the block)");
+    if (m < 1 || n < 1 || k < 1) fail_mma("with an empty extent");
+    for (const Matrix* x : {&c, &a, &b}) {
+        if (x->buf < 0 || std::size_t(x->buf) >= k_.buffers.size() ||
+            k_.buffers[std::size_t(x->buf)].space == Space::global)
+            fail_mma("operands must be scratch or shared arrays");
+        for (const Expr* e : {&x->offset, &x->row, &x->col})
+            if (!e->defined() || e->type() != Type::i64)
+                fail_mma("offsets and strides must be integers");
+    }
+    if (c.buf == a.buf || c.buf == b.buf) fail_mma("accumulates into one of its operands");
+    Stmt s{Stmt::Kind::mma, c.buf, {}, {}, {}, {}, {}, Loop::serial, {}};
+    s.mma = std::make_shared<const Mma>(Mma{c, a, b, m, n, k, p});
+    block().push_back(std::move(s));
 }
 
 Kernel Builder::finish() {
@@ -352,6 +401,24 @@ void print_block(std::ostream& os, const Kernel& k, const std::vector<Stmt>& bod
             os << ":\n";
             print_block(os, k, s.body, depth + 1);
             continue;
+        case Stmt::Kind::mma: {
+            const Mma& x = *s.mma;
+            static const char* precision[] = {"f32", "f16", "bf16"};
+            os << "mma." << precision[int(x.precision)] << " " << x.m << "x" << x.n << "x" << x.k;
+            const char* sep = " ";
+            for (const Matrix* mat : {&x.c, &x.a, &x.b}) {
+                os << sep << k.buffers[std::size_t(mat->buf)].name << "[";
+                print_expr(os, k, mat->offset);
+                os << " + r ";
+                print_expr(os, k, mat->row);
+                os << " + c ";
+                print_expr(os, k, mat->col);
+                os << "]";
+                sep = mat == &x.c ? " += " : " @ ";
+            }
+            os << "\n";
+            continue;
+        }
         case Stmt::Kind::branch:
             os << "if ";
             print_expr(os, k, s.a);
@@ -377,9 +444,9 @@ std::string print(const Kernel& k) {
     os << ")\n";
     static const char* elems[] = {"f32", "f64", "f16", "bf16", "i64"};
     for (const auto& b : k.buffers) {
-        os << "  " << (b.space == Space::global ? "global " : "scratch ") << b.name << ": "
-           << elems[int(b.elem)];
-        if (b.space == Space::scratch) {
+        static const char* spaces[] = {"global ", "scratch ", "shared "};
+        os << "  " << spaces[int(b.space)] << b.name << ": " << elems[int(b.elem)];
+        if (b.space != Space::global) {
             os << "[";
             print_expr(os, k, b.size);
             os << "]";

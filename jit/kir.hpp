@@ -8,7 +8,10 @@
 //   - i64 scalar parameters (lengths, strides: runtime data, never baked into code),
 //   - global buffers of a storage element type (loads widen to f32 or i64, stores narrow),
 //   - scratch arrays: f32 per program instance, their size an expression of the parameters,
-//   - immutable lets, mutable scalar variables, stores, counted loops and conditionals.
+//   - shared arrays: f32 per program instance of a constant size (a GPU block's shared memory,
+//     48 KiB in all; scratch like any other on the CPU),
+//   - immutable lets, mutable scalar variables, stores, counted loops and conditionals,
+//   - matrix multiply-accumulates over scratch or shared tiles (`mma`): tensor cores on the GPU.
 // A loop marked `threads` promises that its iterations are independent and touch disjoint
 // scratch: the GPU lowering spreads it over the block's threads (with a barrier after it), the
 // CPU lowering runs it in order. This header knows nothing of LLVM.
@@ -110,22 +113,44 @@ Expr to_i64(Expr x); // truncating
 Expr ceil_div(Expr a, Expr b);
 
 enum class Loop : std::uint8_t { serial, threads };
-enum class Space : std::uint8_t { global, scratch };
+enum class Space : std::uint8_t { global, scratch, shared };
+
+// A matrix view of a scratch or shared array: element (r, c) at offset + r row + c col.
+struct Matrix {
+    int buf;
+    Expr offset, row, col;
+};
+// What an mma rounds its operands to before multiplying; products and sums are f32.
+enum class Precision : std::uint8_t { f32, f16, bf16 };
+// C(i, j) += sum over l < k of round(A(i, l)) round(B(l, j)), for i < m and j < n.
+struct Mma {
+    Matrix c, a, b;
+    std::int64_t m, n, k;
+    Precision precision;
+};
+// Whether the GPU runs an mma on tensor cores (mma.sync m16n8k16, one 16 x 8 tile of C per
+// warp at a time): half precision and m, n, k multiples of 16, 8, 16. Otherwise its threads
+// compute C's elements with f32 FMAs, each in the order of the CPU.
+bool on_tensor_cores(const Mma& mma);
 
 struct Stmt {
-    enum class Kind : std::uint8_t { let, assign, store, loop, branch } kind;
+    enum class Kind : std::uint8_t { let, assign, store, loop, branch, mma } kind;
     std::int64_t id = 0; // let / var / buffer index; the loop's index let
     Expr a, b, c;        // let: a; assign: a; store: index a, value b; loop: lo a, hi b; if: a
     std::vector<Stmt> body, orelse;
     Loop loop = Loop::serial;
+    std::shared_ptr<const Mma> mma; // kind mma
 };
 
 struct BufferDecl {
     std::string name;
     Elem elem;
     Space space;
-    Expr size; // scratch: elements per program instance, from params and constants
+    Expr size; // scratch, shared: elements per program instance, from params and constants
 };
+
+// The most shared memory one program instance may declare (the GPU's static limit per block).
+inline constexpr std::int64_t kSharedBytes = 48 * 1024;
 
 struct Kernel {
     std::string name;
@@ -138,6 +163,12 @@ struct Kernel {
     std::size_t globals() const; // how many buffers a launch passes
 };
 
+// Whether buffer b is carved from the per-instance scratch region: scratch arrays on every
+// target, shared arrays too on the CPU (the GPU places those in shared memory instead).
+inline bool in_scratch_region(const BufferDecl& b, bool gpu) {
+    return b.space == Space::scratch || (b.space == Space::shared && !gpu);
+}
+
 // Writes kernels as C++ code: each call appends to the innermost open block.
 class Builder {
   public:
@@ -146,6 +177,8 @@ class Builder {
     Expr param(const std::string& name);
     int buffer(const std::string& name, Elem e);     // a global buffer, passed at launch
     int scratch(const std::string& name, Expr size); // an f32 array per program instance
+    // An f32 array per program instance in the GPU's shared memory (scratch on the CPU).
+    int shared(const std::string& name, std::int64_t size);
     Expr pid() const;
 
     Expr let(Expr v, const std::string& name = "");
@@ -158,6 +191,10 @@ class Builder {
     void loop(Expr lo, Expr hi, const std::function<void(Expr)>& body, Loop kind = Loop::serial);
     void when(Expr cond, const std::function<void()>& then,
               const std::function<void()>& otherwise = {});
+    // C += A B over scratch or shared tiles (see Mma): a statement of the whole program
+    // instance, so not inside a `threads` loop; C is a different array from A and B.
+    void mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, std::int64_t k,
+             Precision p);
 
     Kernel finish(); // checks the kernel (rag::Error naming the kernel on misuse)
 
@@ -168,6 +205,7 @@ class Builder {
 
     Kernel k_;
     std::vector<std::vector<Stmt>*> open_;
+    int threads_depth_ = 0; // threads loops open around the current block
 };
 
 // The value of an expression over parameters and constants (scratch sizes, on the host).

@@ -106,6 +106,9 @@ void KirLowering::emit(const Stmt& s) {
         else
             serial_loop(s, value(s.a), value(s.b), b_.getInt64(1));
         return;
+    case Stmt::Kind::mma:
+        mma(*s.mma);
+        return;
     case Stmt::Kind::branch: {
         llvm::Function* fn = b_.GetInsertBlock()->getParent();
         auto& ctx = m_.getContext();
@@ -130,23 +133,82 @@ void KirLowering::threads_loop(const Stmt& s) {
 }
 
 void KirLowering::serial_loop(const Stmt& s, llvm::Value* lo, llvm::Value* hi, llvm::Value* step) {
+    for_range(lo, hi, step, [&](llvm::Value* i) {
+        lets_[s.id] = i;
+        emit(s.body);
+    });
+}
+
+void KirLowering::for_range(llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
+                            const std::function<void(llvm::Value*)>& body) {
     llvm::Function* fn = b_.GetInsertBlock()->getParent();
     auto& ctx = m_.getContext();
     auto* pre = b_.GetInsertBlock();
     auto* head = llvm::BasicBlock::Create(ctx, "loop", fn);
-    auto* body = llvm::BasicBlock::Create(ctx, "body", fn);
+    auto* inside = llvm::BasicBlock::Create(ctx, "body", fn);
     auto* exit = llvm::BasicBlock::Create(ctx, "endloop", fn);
     b_.CreateBr(head);
     b_.SetInsertPoint(head);
     auto* i = b_.CreatePHI(b_.getInt64Ty(), 2);
     i->addIncoming(lo, pre);
-    b_.CreateCondBr(b_.CreateICmpSLT(i, hi), body, exit);
-    b_.SetInsertPoint(body);
-    lets_[s.id] = i;
-    emit(s.body);
+    b_.CreateCondBr(b_.CreateICmpSLT(i, hi), inside, exit);
+    b_.SetInsertPoint(inside);
+    body(i);
     i->addIncoming(b_.CreateAdd(i, step), b_.GetInsertBlock());
     b_.CreateBr(head);
     b_.SetInsertPoint(exit);
+}
+
+void KirLowering::mma(const kir::Mma& x) {
+    for_range(b_.getInt64(0), b_.getInt64(x.m), b_.getInt64(1), [&](llvm::Value* i) {
+        for_range(b_.getInt64(0), b_.getInt64(x.n), b_.getInt64(1),
+                  [&](llvm::Value* j) { mma_element(x, i, j); });
+    });
+}
+
+llvm::Value* KirLowering::element(const kir::Matrix& mat, llvm::Value* r, llvm::Value* c) {
+    llvm::Value* at =
+        b_.CreateAdd(value(mat.offset), b_.CreateAdd(b_.CreateMul(r, value(mat.row)),
+                                                     b_.CreateMul(c, value(mat.col))));
+    return b_.CreateGEP(b_.getFloatTy(), buffers_[std::size_t(mat.buf)], at);
+}
+
+llvm::Value* KirLowering::round_to(kir::Precision p, llvm::Value* x) {
+    switch (p) {
+    case kir::Precision::f32:
+        return x;
+    case kir::Precision::f16:
+        return b_.CreateFPExt(b_.CreateFPTrunc(x, b_.getHalfTy()), b_.getFloatTy());
+    case kir::Precision::bf16: {
+        llvm::Value* bits = bf16_bits(x); // to nearest even, then back
+        bits = b_.CreateShl(b_.CreateZExt(bits, b_.getInt32Ty()), 16);
+        return b_.CreateBitCast(bits, b_.getFloatTy());
+    }
+    }
+    return x;
+}
+
+llvm::Value* KirLowering::bf16_bits(llvm::Value* x) {
+    llvm::Value* bits = b_.CreateBitCast(x, b_.getInt32Ty());
+    llvm::Value* odd = b_.CreateAnd(b_.CreateLShr(bits, 16), 1);
+    bits = b_.CreateAdd(bits, b_.CreateAdd(b_.getInt32(0x7fff), odd));
+    return b_.CreateTrunc(b_.CreateLShr(bits, 16), b_.getInt16Ty());
+}
+
+void KirLowering::mma_element(const kir::Mma& x, llvm::Value* i, llvm::Value* j) {
+    llvm::Type* f32 = b_.getFloatTy();
+    llvm::Value* at = element(x.c, i, j);
+    // The accumulator: an entry-block alloca, which mem2reg turns into a register.
+    llvm::Function* fn = b_.GetInsertBlock()->getParent();
+    llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+    llvm::Value* acc = entry.CreateAlloca(f32);
+    b_.CreateStore(b_.CreateLoad(f32, at), acc);
+    for_range(b_.getInt64(0), b_.getInt64(x.k), b_.getInt64(1), [&](llvm::Value* l) {
+        llvm::Value* a = round_to(x.precision, b_.CreateLoad(f32, element(x.a, i, l)));
+        llvm::Value* bv = round_to(x.precision, b_.CreateLoad(f32, element(x.b, l, j)));
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f32, acc), b_.CreateFMul(a, bv)), acc);
+    });
+    b_.CreateStore(b_.CreateLoad(f32, acc), at);
 }
 
 llvm::Value* KirLowering::math(Op op, llvm::Value* x) {
@@ -208,14 +270,10 @@ void KirLowering::store(const Stmt& s) {
         t = b_.getHalfTy();
         v = b_.CreateFPTrunc(v, t);
         break;
-    case kir::Elem::bf16: { // round to nearest even, as runtime/dtype.cpp does
-        llvm::Value* bits = b_.CreateBitCast(v, b_.getInt32Ty());
-        llvm::Value* odd = b_.CreateAnd(b_.CreateLShr(bits, 16), 1);
-        bits = b_.CreateAdd(bits, b_.CreateAdd(b_.getInt32(0x7fff), odd));
+    case kir::Elem::bf16: // round to nearest even, as runtime/dtype.cpp does
         t = b_.getInt16Ty();
-        v = b_.CreateTrunc(b_.CreateLShr(bits, 16), t);
+        v = bf16_bits(v);
         break;
-    }
     }
     scoped(b_.CreateStore(v, b_.CreateGEP(t, base, at)), s.id);
 }
@@ -353,7 +411,7 @@ class CpuLowering final : public KirLowering {
         llvm::Value* offset = b_.getInt64(0);
         std::size_t global = 0;
         for (const auto& buf : k_.buffers) {
-            if (buf.space == kir::Space::global) {
+            if (!kir::in_scratch_region(buf, false)) {
                 buffers.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, bufs, global++)));
                 continue;
             }
@@ -415,7 +473,7 @@ class CompiledCpuKernel final : public CpuKernel {
                  params.size(), " parameters, wants ", k_.globals(), " and ", k_.params.size());
         std::size_t scratch = 0;
         for (const auto& b : k_.buffers)
-            if (b.space == kir::Space::scratch)
+            if (kir::in_scratch_region(b, false))
                 scratch = (scratch + std::size_t(kir::evaluate(b.size, params)) * 4 + 63) / 64 * 64;
         const int workers = int(std::min<std::int64_t>(num_threads(), grid));
         std::atomic<std::int64_t> next{0};

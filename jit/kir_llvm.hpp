@@ -8,6 +8,7 @@
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
 
+#include <functional>
 #include <map>
 
 namespace rag::jit {
@@ -38,6 +39,19 @@ class KirLowering {
     virtual void threads_loop(const kir::Stmt& s);
     // A store statement. Default: the store itself (the GPU guards stores in serial code).
     virtual void store(const kir::Stmt& s);
+    // An mma statement. Default: every element of C in row-major order (mma_element).
+    virtual void mma(const kir::Mma& x);
+
+    // C(i, j) += the sum over l of round(A(i, l)) round(B(l, j)), l in order.
+    void mma_element(const kir::Mma& x, llvm::Value* i, llvm::Value* j);
+    // The address of element (r, c) of a matrix view; an operand rounded to a precision.
+    llvm::Value* element(const kir::Matrix& mat, llvm::Value* r, llvm::Value* c);
+    llvm::Value* round_to(kir::Precision p, llvm::Value* x);
+    // The bf16 nearest (ties to even) to an f32, as its i16 bits (runtime/dtype.cpp's rule).
+    llvm::Value* bf16_bits(llvm::Value* x);
+    // A counted loop over [lo, hi) by step, its body emitted by `body(index)`.
+    void for_range(llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
+                   const std::function<void(llvm::Value*)>& body);
 
     // An ordinary counted loop over [lo, hi) binding the statement's index.
     void serial_loop(const kir::Stmt& s, llvm::Value* lo, llvm::Value* hi, llvm::Value* step);

@@ -41,8 +41,18 @@ class NvptxLowering final : public KirLowering {
                 scratch_at.push_back(nullptr);
                 continue;
             }
+            if (buf.space == kir::Space::shared) { // a static array of the block
+                auto* t = llvm::ArrayType::get(b_.getFloatTy(), std::uint64_t(buf.size.node().i));
+                auto* g = new llvm::GlobalVariable(
+                    m_, t, false, llvm::GlobalValue::InternalLinkage, llvm::UndefValue::get(t),
+                    k_.name + "_" + buf.name, nullptr, llvm::GlobalValue::NotThreadLocal, 3);
+                g->setAlignment(llvm::Align(16));
+                buffers.push_back(g);
+                scratch_at.push_back(nullptr);
+                continue;
+            }
             buffers.push_back(nullptr);
-            scratch_at.push_back(offset);
+            scratch_at.push_back(offset); // a value, never null
             llvm::Value* bytes = b_.CreateMul(emit_param_expr(buf.size, params), b_.getInt64(4));
             offset = b_.CreateAnd(b_.CreateAdd(b_.CreateAdd(offset, bytes), b_.getInt64(63)),
                                   b_.getInt64(~std::int64_t(63)));
@@ -50,7 +60,7 @@ class NvptxLowering final : public KirLowering {
         llvm::Value* block = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x);
         llvm::Value* mine = b_.CreateGEP(b_.getInt8Ty(), scratch, b_.CreateMul(block, offset));
         for (std::size_t k = 0; k < buffers.size(); ++k)
-            if (!buffers[k]) buffers[k] = b_.CreateGEP(b_.getInt8Ty(), mine, scratch_at[k]);
+            if (scratch_at[k]) buffers[k] = b_.CreateGEP(b_.getInt8Ty(), mine, scratch_at[k]);
         tid_ = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x);
         ntid_ = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x);
         llvm::Value* blocks = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x);
@@ -108,6 +118,86 @@ class NvptxLowering final : public KirLowering {
         barrier();
     }
 
+    // On tensor cores: each warp takes 16 x 8 tiles of C in turn and runs mma.sync m16n8k16
+    // over k, its fragments gathered from the operands' views as the PTX ISA lays them out
+    // ("Matrix Fragments for mma.m16n8k16 with floating point type"): lane = 4 g + t holds
+    //   A: rows g, g + 8 (register r & 1) by columns 2t, 2t + 1 (+ 8 for r >= 2),
+    //   B: rows 2t, 2t + 1 (+ 8 for register 1) of column g,
+    //   C: rows g, g + 8 (element q >> 1) by columns 2t + (q & 1).
+    // Otherwise the block's threads share C's elements.
+    void mma(const kir::Mma& x) override {
+        barrier();
+        if (!kir::on_tensor_cores(x)) {
+            llvm::Value* n = b_.getInt64(x.n);
+            for_range(tid_, b_.getInt64(x.m * x.n), ntid_, [&](llvm::Value* e) {
+                mma_element(x, b_.CreateUDiv(e, n), b_.CreateURem(e, n));
+            });
+            barrier();
+            return;
+        }
+        auto i64 = [&](std::int64_t v) { return b_.getInt64(v); };
+        llvm::Value* lane = b_.CreateAnd(tid_, 31);
+        llvm::Value* g = b_.CreateLShr(lane, 2);
+        llvm::Value* t2 = b_.CreateShl(b_.CreateAnd(lane, 3), 1);
+        const std::int64_t tiles_n = x.n / 8;
+        const bool f16 = x.precision == kir::Precision::f16;
+        llvm::Function* op = llvm::Intrinsic::getDeclaration(
+            &m_, f16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_f32_f32
+                     : llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16);
+        llvm::Type* f32 = b_.getFloatTy();
+        llvm::Function* fn = b_.GetInsertBlock()->getParent();
+        llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+        std::vector<llvm::Value*> acc;
+        for (int q = 0; q < 4; ++q) acc.push_back(entry.CreateAlloca(f32));
+        // Two operand elements as one 32-bit register of two halves, the first in the low half.
+        auto pack = [&](const kir::Matrix& mat, llvm::Value* r, llvm::Value* c, llvm::Value* dr,
+                        llvm::Value* dc, llvm::Type* as) {
+            llvm::Value* half[2];
+            for (int e = 0; e < 2; ++e) {
+                llvm::Value* v = b_.CreateLoad(
+                    f32, element(mat, e ? b_.CreateAdd(r, dr) : r, e ? b_.CreateAdd(c, dc) : c));
+                v = f16 ? b_.CreateBitCast(b_.CreateFPTrunc(v, b_.getHalfTy()), b_.getInt16Ty())
+                        : bf16_bits(v);
+                half[e] = b_.CreateZExt(v, b_.getInt32Ty());
+            }
+            return b_.CreateBitCast(b_.CreateOr(half[0], b_.CreateShl(half[1], 16)), as);
+        };
+        llvm::FunctionType* sig = op->getFunctionType();
+        for_range(
+            b_.CreateLShr(tid_, 5), i64(x.m / 16 * tiles_n), b_.CreateLShr(ntid_, 5),
+            [&](llvm::Value* tile) {
+                llvm::Value* i0 = b_.CreateMul(b_.CreateUDiv(tile, i64(tiles_n)), i64(16));
+                llvm::Value* j0 = b_.CreateMul(b_.CreateURem(tile, i64(tiles_n)), i64(8));
+                llvm::Value* rows[2] = {b_.CreateAdd(i0, g),
+                                        b_.CreateAdd(i0, b_.CreateAdd(g, i64(8)))};
+                llvm::Value* cols = b_.CreateAdd(j0, t2);
+                std::vector<llvm::Value*> at;
+                for (int q = 0; q < 4; ++q) {
+                    at.push_back(element(x.c, rows[q >> 1], b_.CreateAdd(cols, i64(q & 1))));
+                    b_.CreateStore(b_.CreateLoad(f32, at.back()), acc[std::size_t(q)]);
+                }
+                for_range(i64(0), i64(x.k), i64(16), [&](llvm::Value* l0) {
+                    std::vector<llvm::Value*> args;
+                    llvm::Value* l = b_.CreateAdd(l0, t2);
+                    for (int r = 0; r < 4; ++r)
+                        args.push_back(pack(x.a, rows[r & 1], b_.CreateAdd(l, i64(r >> 1 ? 8 : 0)),
+                                            i64(0), i64(1), sig->getParamType(unsigned(r))));
+                    llvm::Value* col = b_.CreateAdd(j0, g);
+                    for (int r = 0; r < 2; ++r)
+                        args.push_back(pack(x.b, b_.CreateAdd(l, i64(8 * r)), col, i64(1), i64(0),
+                                            sig->getParamType(unsigned(4 + r))));
+                    for (int q = 0; q < 4; ++q)
+                        args.push_back(b_.CreateLoad(f32, acc[std::size_t(q)]));
+                    llvm::Value* d = b_.CreateCall(op, args);
+                    for (unsigned q = 0; q < 4; ++q)
+                        b_.CreateStore(b_.CreateExtractValue(d, q), acc[q]);
+                });
+                for (int q = 0; q < 4; ++q)
+                    b_.CreateStore(b_.CreateLoad(f32, acc[std::size_t(q)]), at[std::size_t(q)]);
+            });
+        barrier();
+    }
+
   private:
     llvm::Value* sreg(llvm::Intrinsic::ID id) {
         return b_.CreateZExt(b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id)),
@@ -134,7 +224,7 @@ std::string kir_ptx(const kir::Kernel& k, const std::string& arch) {
 std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_t> params) {
     std::int64_t offset = 0;
     for (const auto& buf : k.buffers)
-        if (buf.space == kir::Space::scratch)
+        if (kir::in_scratch_region(buf, true))
             offset = (offset + kir::evaluate(buf.size, params) * 4 + 63) / 64 * 64;
     return offset;
 }

@@ -301,6 +301,30 @@ TEST(GpuExec, GpuTierRunsRelposAndReductionsOnTheDevice) {
     expect_gpu_matches_cpu(f, in);
 }
 
+// x @ W and its weight gradient through the GPU tier's GEMM program (tensor cores for f16 and
+// bf16) against the CPU tier (BLAS for f32, the reference kernels for the half types).
+TEST(GpuExec, GpuTierRunsGemmStepsOnTheDevice) {
+    // The functions are built (and checked) without a device too.
+    std::vector<std::pair<ir::Function, std::vector<RaggedTensor>>> cases;
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+        const std::vector<Shape_> lengths = {{90}, {0}, {33}, {200}};
+        const RaggedTensor x = random_batch(t, "~N, 96", shapes_for("~N, 96", lengths));
+        const RaggedTensor w = random_dense(t, {96, 80});
+        const RaggedTensor g = random_batch(t, "~N, 80", shapes_for("~N, 80", lengths));
+        ir::Function f;
+        f.name = std::string("gemms_").append(dtype_name(t));
+        ir::Builder b(f);
+        const int xi = b.input(x.schema(), "x"), wi = b.input(w.schema(), "w"),
+                  gi = b.input(g.schema(), "g");
+        f.outputs = {b.op("matmul", {xi, wi}, {}), b.op("matmul_weight_grad", {xi, gi}, {})};
+        ir::verify(f);
+        cases.push_back({f, {x, w, g}});
+    }
+    SKIP_WITHOUT_DEVICE();
+    for (const auto& [f, in] : cases)
+        expect_gpu_matches_cpu(f, in, f.name == "gemms_f32" ? 1e-5 : 4e-3);
+}
+
 TEST(GpuExec, KernelIrLaunchesFewerBlocksThanInstances) {
     SKIP_WITHOUT_DEVICE();
     // Each instance writes its own id: every one of 100000 instances runs exactly once even

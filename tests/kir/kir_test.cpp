@@ -136,6 +136,71 @@ TEST(KernelIr, SameBitsOnAnyThreadCount) {
     EXPECT_EQ(0, std::memcmp(results[0].data(), results[2].data(), x.size() * 4));
 }
 
+// C(i, j) += sum_l round(A(i, l)) round(B(l, j)) through strided, offset views of a scratch
+// array (A column-major), a shared one (B with padded rows) and C, for every precision.
+kir::Kernel mma_views(std::int64_t m, std::int64_t n, std::int64_t k, kir::Precision p) {
+    Builder b("mma_views");
+    const int a_in = b.buffer("a_in", kir::Elem::f32), b_in = b.buffer("b_in", kir::Elem::f32),
+              c_io = b.buffer("c_io", kir::Elem::f32);
+    const int A = b.scratch("A", Expr(3 + m * k)), B = b.shared("B", k * (n + 1)),
+              C = b.scratch("C", Expr(2 + m * n));
+    b.loop(0, m * k, [&](Expr x) { b.store(A, 3 + x / k + x % k * m, b.load(a_in, x)); });
+    b.loop(0, k * n, [&](Expr x) { b.store(B, x / n * (n + 1) + x % n, b.load(b_in, x)); });
+    b.loop(0, m * n, [&](Expr x) { b.store(C, 2 + x, b.load(c_io, x)); });
+    b.mma({C, 2, n, 1}, {A, 3, 1, m}, {B, 0, n + 1, 1}, m, n, k, p);
+    b.loop(0, m * n, [&](Expr x) { b.store(c_io, x, b.load(C, 2 + x)); });
+    return b.finish();
+}
+
+TEST(KernelIr, MmaRoundsItsOperandsAndReadsThroughViews) {
+    const std::int64_t m = 5, n = 7, k = 9;
+    std::mt19937 gen(11);
+    std::uniform_real_distribution<float> dist(-2, 2);
+    std::vector<float> a(std::size_t(m * k)), bm(std::size_t(k * n)), c0(std::size_t(m * n));
+    for (auto* v : {&a, &bm, &c0})
+        for (float& x : *v) x = dist(gen);
+    for (kir::Precision p : {kir::Precision::f32, kir::Precision::f16, kir::Precision::bf16}) {
+        auto round = [&](float x) {
+            return p == kir::Precision::f16    ? half_to_float(float_to_half(x))
+                   : p == kir::Precision::bf16 ? bf16_to_float(float_to_bf16(x))
+                                               : x;
+        };
+        auto kernel = jit::compile_kernel_cpu(mma_views(m, n, k, p));
+        std::vector<float> c = c0;
+        void* bufs[] = {a.data(), bm.data(), c.data()};
+        kernel->launch(1, bufs, {});
+        for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+                double want = c0[std::size_t(i * n + j)];
+                for (std::int64_t l = 0; l < k; ++l)
+                    want += double(round(a[std::size_t(i * k + l)])) *
+                            double(round(bm[std::size_t(l * n + j)]));
+                EXPECT_NEAR(c[std::size_t(i * n + j)], want, 1e-5) << int(p) << " " << i << j;
+            }
+    }
+    const std::string text = kir::print(mma_views(16, 8, 16, kir::Precision::f16));
+    EXPECT_NE(text.find("shared B: f32[144]"), std::string::npos) << text;
+    EXPECT_NE(text.find("mma.f16 16x8x16 C[2 + r 8 + c 1] += A["), std::string::npos) << text;
+    EXPECT_TRUE(kir::on_tensor_cores({{}, {}, {}, 16, 8, 16, kir::Precision::bf16}));
+    EXPECT_FALSE(kir::on_tensor_cores({{}, {}, {}, 16, 8, 16, kir::Precision::f32}));
+    EXPECT_FALSE(kir::on_tensor_cores({{}, {}, {}, 16, 4, 16, kir::Precision::f16}));
+}
+
+TEST(KernelIr, BuilderRejectsMisusedMmaAndSharedArrays) {
+    Builder b("bad_mma");
+    const int g = b.buffer("g", kir::Elem::f32);
+    const int s = b.scratch("s", Expr(64)), t = b.shared("t", 64), u = b.shared("u", 64);
+    auto mma = [&](int c, int a) { b.mma({c, 0, 8, 1}, {a, 0, 8, 1}, {u, 0, 8, 1}, 8, 8, 8, {}); };
+    EXPECT_THROW(mma(g, s), Error); // a global operand
+    EXPECT_THROW(mma(s, s), Error); // C is A
+    EXPECT_THROW(b.loop(
+                     0, 4, [&](Expr) { mma(s, t); }, kir::Loop::threads),
+                 Error);
+    EXPECT_NO_THROW(mma(s, t));
+    EXPECT_THROW(b.shared("huge", 12 * 1024), Error);      // past 48 KiB with t and u
+    EXPECT_THROW(b.buffer("late", kir::Elem::f32), Error); // globals come first
+}
+
 TEST(KernelIr, LaunchChecksItsArguments) {
     auto k = jit::compile_kernel_cpu(softmax_rows());
     float x = 0;
