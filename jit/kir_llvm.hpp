@@ -74,4 +74,9 @@ class KirLowering {
     std::map<std::int64_t, llvm::Value*> lets_;
 };
 
+// jit/kir_nvptx.cpp's lowering of k into m, for the host: the entry `entry` is
+// void(i64 grid, i64* params, void** buffers, char* scratch, EmuThread* thread), its special
+// registers, barriers and mma fragments go through the EmuThread (jit/kir_emulator.hpp).
+void lower_kir_emulated(llvm::Module& m, const kir::Kernel& k, const std::string& entry);
+
 } // namespace rag::jit

@@ -3,6 +3,7 @@
 #include "jit/kir_nvptx.hpp"
 
 #include "jit/elementwise_llvm.hpp"
+#include "jit/kir_emulator.hpp"
 #include "jit/kir_llvm.hpp"
 #include "jit/nvptx.hpp"
 #include "runtime/error.hpp"
@@ -16,28 +17,41 @@ using kir::Stmt;
 
 class NvptxLowering final : public KirLowering {
   public:
-    using KirLowering::KirLowering;
+    // emulated: for the host (jit/kir_emulator.hpp) instead of the GPU.
+    NvptxLowering(llvm::Module& m, const kir::Kernel& k, bool emulated)
+        : KirLowering(m, k), emulated_(emulated) {}
 
-    void build() {
+    void build(const std::string& name) {
         auto& ctx = m_.getContext();
         auto* i64 = b_.getInt64Ty();
         auto* ptr = llvm::PointerType::get(ctx, 0);
+        // The GPU entry takes its values one by one; the emulated one arrays and a thread.
         std::vector<llvm::Type*> types(1 + k_.params.size(), i64);
         types.insert(types.end(), k_.globals() + 1, ptr);
+        if (emulated_) types = {i64, ptr, ptr, ptr, ptr};
         auto* fn = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), types, false),
-                                          llvm::Function::ExternalLinkage, k_.name, m_);
-        mark_kernel(*fn, kKirBlock);
+                                          llvm::Function::ExternalLinkage, name, m_);
+        if (!emulated_) mark_kernel(*fn, kKirBlock);
         b_.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", fn));
         llvm::Value* grid = fn->getArg(0);
         std::vector<llvm::Value*> params, buffers, scratch_at;
-        for (unsigned p = 0; p < k_.params.size(); ++p) params.push_back(fn->getArg(1 + p));
-        unsigned global = unsigned(1 + k_.params.size());
-        llvm::Value* scratch = fn->getArg(unsigned(fn->arg_size() - 1));
+        auto param = [&](unsigned p) -> llvm::Value* {
+            if (!emulated_) return fn->getArg(1 + p);
+            return b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, fn->getArg(1), p));
+        };
+        unsigned global = 0;
+        auto next_global = [&]() -> llvm::Value* {
+            if (!emulated_) return fn->getArg(unsigned(1 + k_.params.size()) + global++);
+            return b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, fn->getArg(2), global++));
+        };
+        for (unsigned p = 0; p < k_.params.size(); ++p) params.push_back(param(p));
+        llvm::Value* scratch = fn->getArg(emulated_ ? 3 : unsigned(fn->arg_size() - 1));
+        if (emulated_) thread_ = fn->getArg(4);
         // This block's scratch: the arrays at 64-byte aligned offsets, blockIdx.x regions in.
         llvm::Value* offset = b_.getInt64(0);
         for (const auto& buf : k_.buffers) {
             if (buf.space == kir::Space::global) {
-                buffers.push_back(fn->getArg(global++));
+                buffers.push_back(next_global());
                 scratch_at.push_back(nullptr);
                 continue;
             }
@@ -45,7 +59,8 @@ class NvptxLowering final : public KirLowering {
                 auto* t = llvm::ArrayType::get(b_.getFloatTy(), std::uint64_t(buf.size.node().i));
                 auto* g = new llvm::GlobalVariable(
                     m_, t, false, llvm::GlobalValue::InternalLinkage, llvm::UndefValue::get(t),
-                    k_.name + "_" + buf.name, nullptr, llvm::GlobalValue::NotThreadLocal, 3);
+                    k_.name + "_" + buf.name, nullptr, llvm::GlobalValue::NotThreadLocal,
+                    emulated_ ? 0 : 3);
                 g->setAlignment(llvm::Align(16));
                 buffers.push_back(g);
                 scratch_at.push_back(nullptr);
@@ -57,13 +72,13 @@ class NvptxLowering final : public KirLowering {
             offset = b_.CreateAnd(b_.CreateAdd(b_.CreateAdd(offset, bytes), b_.getInt64(63)),
                                   b_.getInt64(~std::int64_t(63)));
         }
-        llvm::Value* block = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x);
+        llvm::Value* block = sreg(Sreg::ctaid);
         llvm::Value* mine = b_.CreateGEP(b_.getInt8Ty(), scratch, b_.CreateMul(block, offset));
         for (std::size_t k = 0; k < buffers.size(); ++k)
             if (scratch_at[k]) buffers[k] = b_.CreateGEP(b_.getInt8Ty(), mine, scratch_at[k]);
-        tid_ = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x);
-        ntid_ = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x);
-        llvm::Value* blocks = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x);
+        tid_ = sreg(Sreg::tid);
+        ntid_ = sreg(Sreg::ntid);
+        llvm::Value* blocks = sreg(Sreg::nctaid);
         auto* pre = b_.GetInsertBlock();
         auto* head = llvm::BasicBlock::Create(ctx, "instances", fn);
         auto* body = llvm::BasicBlock::Create(ctx, "instance", fn);
@@ -84,6 +99,7 @@ class NvptxLowering final : public KirLowering {
 
   protected:
     llvm::Value* math(kir::Op op, llvm::Value* x) override {
+        if (emulated_) return KirLowering::math(op, x); // the host's libm
         const MathFn f = op == kir::Op::exp   ? MathFn::exp
                          : op == kir::Op::log ? MathFn::log
                                               : MathFn::sqrt;
@@ -188,7 +204,7 @@ class NvptxLowering final : public KirLowering {
                                             sig->getParamType(unsigned(4 + r))));
                     for (int q = 0; q < 4; ++q)
                         args.push_back(b_.CreateLoad(f32, acc[std::size_t(q)]));
-                    llvm::Value* d = b_.CreateCall(op, args);
+                    llvm::Value* d = mma_sync(op, f16, args);
                     for (unsigned q = 0; q < 4; ++q)
                         b_.CreateStore(b_.CreateExtractValue(d, q), acc[q]);
                 });
@@ -199,14 +215,59 @@ class NvptxLowering final : public KirLowering {
     }
 
   private:
-    llvm::Value* sreg(llvm::Intrinsic::ID id) {
-        return b_.CreateZExt(b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, id)),
+    enum class Sreg { tid, ntid, ctaid, nctaid };
+    // A special register: %tid.x and the like, or the EmuThread's field.
+    llvm::Value* sreg(Sreg r) {
+        if (emulated_) {
+            const int at[] = {kEmuTid, kEmuNtid, kEmuCtaid, kEmuNctaid};
+            return b_.CreateLoad(b_.getInt64Ty(), emu_field(at[int(r)]));
+        }
+        const llvm::Intrinsic::ID ids[] = {llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x,
+                                           llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x,
+                                           llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x,
+                                           llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x};
+        return b_.CreateZExt(b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, ids[int(r)])),
                              b_.getInt64Ty());
     }
     void barrier() {
+        if (emulated_) {
+            auto* ptr = llvm::PointerType::get(m_.getContext(), 0);
+            auto* type = llvm::FunctionType::get(b_.getVoidTy(), {ptr}, false);
+            b_.CreateCall(type, b_.CreateLoad(ptr, emu_field(kEmuBarrier)), {thread_});
+            return;
+        }
         b_.CreateCall(llvm::Intrinsic::getDeclaration(&m_, llvm::Intrinsic::nvvm_barrier0));
     }
+    llvm::Value* emu_field(int offset) {
+        return b_.CreateConstGEP1_64(b_.getInt8Ty(), thread_, std::uint64_t(offset));
+    }
+    // mma.sync: the intrinsic's result, or in emulation the EmuThread's mma on the same
+    // registers, returned as the same {float x 4}.
+    llvm::Value* mma_sync(llvm::Function* op, bool f16, const std::vector<llvm::Value*>& args) {
+        if (!emulated_) return b_.CreateCall(op, args);
+        auto* i32 = b_.getInt32Ty();
+        auto* f32 = b_.getFloatTy();
+        llvm::Function* fn = b_.GetInsertBlock()->getParent();
+        llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+        llvm::Value* regs = entry.CreateAlloca(i32, b_.getInt32(6));
+        llvm::Value* acc = entry.CreateAlloca(f32, b_.getInt32(4));
+        for (unsigned r = 0; r < 6; ++r)
+            b_.CreateStore(b_.CreateBitCast(args[r], i32), b_.CreateConstGEP1_64(i32, regs, r));
+        for (unsigned q = 0; q < 4; ++q)
+            b_.CreateStore(args[6 + q], b_.CreateConstGEP1_64(f32, acc, q));
+        auto* ptr = llvm::PointerType::get(m_.getContext(), 0);
+        auto* type =
+            llvm::FunctionType::get(b_.getVoidTy(), {ptr, b_.getInt64Ty(), ptr, ptr}, false);
+        b_.CreateCall(type, b_.CreateLoad(ptr, emu_field(kEmuMma)),
+                      {thread_, b_.getInt64(f16 ? 0 : 1), regs, acc});
+        llvm::Value* d = llvm::UndefValue::get(op->getReturnType());
+        for (unsigned q = 0; q < 4; ++q)
+            d = b_.CreateInsertValue(d, b_.CreateLoad(f32, b_.CreateConstGEP1_64(f32, acc, q)), q);
+        return d;
+    }
 
+    bool emulated_;
+    llvm::Value* thread_ = nullptr; // emulation: the EmuThread*
     llvm::Value* tid_ = nullptr;
     llvm::Value* ntid_ = nullptr;
     int depth_ = 0;
@@ -217,8 +278,12 @@ class NvptxLowering final : public KirLowering {
 std::string kir_ptx(const kir::Kernel& k, const std::string& arch) {
     llvm::LLVMContext ctx;
     auto m = new_nvptx_module("kir_" + k.name, ctx, arch);
-    NvptxLowering(*m, k).build();
+    NvptxLowering(*m, k, false).build(k.name);
     return compile_ptx(*m, PtxOptions{arch, false});
+}
+
+void lower_kir_emulated(llvm::Module& m, const kir::Kernel& k, const std::string& entry) {
+    NvptxLowering(m, k, true).build(entry);
 }
 
 std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_t> params) {

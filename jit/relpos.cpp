@@ -6,6 +6,7 @@
 
 #include "ir/ops/relpos_config.hpp"
 #include "jit/kir_cpu.hpp"
+#include "jit/kir_emulator.hpp"
 #include "jit/relpos_programs.hpp"
 #include "jit/relpos_setup.hpp"
 #include "runtime/error.hpp"
@@ -20,10 +21,17 @@ constexpr const char* op_name = "relpos_attention";
 
 enum class Pass { forward, query_grad, key_grad, reduce, project };
 
-const CpuKernel& kernel(Pass pass, const RelposShape& s) {
+// The pass's program for setup's shape, compiled for the host, or when setup.emulated through
+// the GPU lowering for the device emulator (jit/kir_emulator.hpp).
+const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
     static std::mutex mu;
     static std::map<std::string, std::unique_ptr<CpuKernel>> cache;
-    std::string key = std::to_string(int(pass));
+    const RelposShape& s = setup.shape;
+    using Compile = std::unique_ptr<CpuKernel> (*)(const kir::Kernel&);
+    const Compile compile = setup.emulated
+                                ? +[](const kir::Kernel& k) { return compile_kernel_emulated(k); }
+                                : &compile_kernel_cpu;
+    std::string key = std::string(setup.emulated ? "emulated/" : "") + std::to_string(int(pass));
     if (pass != Pass::reduce)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
@@ -34,19 +42,19 @@ const CpuKernel& kernel(Pass pass, const RelposShape& s) {
     if (!k) {
         switch (pass) {
         case Pass::forward:
-            k = compile_kernel_cpu(relpos_forward_program(s));
+            k = compile(relpos_forward_program(s));
             break;
         case Pass::query_grad:
-            k = compile_kernel_cpu(relpos_query_grad_program(s));
+            k = compile(relpos_query_grad_program(s));
             break;
         case Pass::key_grad:
-            k = compile_kernel_cpu(relpos_key_grad_program(s));
+            k = compile(relpos_key_grad_program(s));
             break;
         case Pass::reduce:
-            k = compile_kernel_cpu(relpos_table_reduce_program());
+            k = compile(relpos_table_reduce_program());
             break;
         case Pass::project:
-            k = compile_kernel_cpu(relpos_project_program(s));
+            k = compile(relpos_project_program(s));
             break;
         }
     }
@@ -76,6 +84,10 @@ void* ptr(const RaggedTensor& t) {
 void choose(Setup& s, bool save) {
     s.shape.saved = save && (s.shape.aq || s.shape.ak);
 }
+void choose(Setup& s, const RelposOptions& opt) {
+    choose(s, opt.save_projections);
+    s.emulated = opt.emulate_gpu;
+}
 
 // The saved projections of one table: [tokens][H][WS] f32 when present, else one float.
 Buffer saved_buffer(const Setup& s, bool present) {
@@ -94,13 +106,13 @@ RelposForward run_forward(std::span<const RaggedTensor> in, Setup& s) {
         void* pbufs[] = {ptr(in[0]),     ptr(in[1]),       ptr(in[2]),
                          table(s.eq),    table(s.ek),      table(s.eb),
                          s.tiles.data(), f.zqs.data.get(), f.zks.data.get()};
-        kernel(Pass::project, s.shape).launch(s.strips() * s.H, pbufs, s.params());
+        kernel(Pass::project, s).launch(s.strips() * s.H, pbufs, s.params());
     }
     std::vector<void*> bufs = {ptr(in[0]),     ptr(in[1]),           ptr(in[2]),
                                table(s.eq),    table(s.ek),          table(s.eb),
                                s.tiles.data(), f.out.mutable_data(), f.lse.data.get()};
     if (s.shape.saved) bufs.insert(bufs.end(), {f.zqs.data.get(), f.zks.data.get()});
-    kernel(Pass::forward, s.shape).launch(s.strips() * s.H, bufs, s.params());
+    kernel(Pass::forward, s).launch(s.strips() * s.H, bufs, s.params());
     return f;
 }
 
@@ -111,7 +123,7 @@ std::vector<double> table_grad(Floats& part, std::vector<std::int64_t>& range, c
     Floats expanded(std::size_t(s.H * s.U * width));
     void* bufs[] = {part.data(), range.data(), expanded.data()};
     const std::int64_t params[] = {s.H, s.U, s.nonempty(), s.WP, width};
-    kernel(Pass::reduce, s.shape).launch(s.H * s.U, bufs, params);
+    kernel(Pass::reduce, s).launch(s.H * s.U, bufs, params);
     return relpos_fold_table_grad(expanded.data(), s, width);
 }
 
@@ -120,7 +132,7 @@ std::vector<double> table_grad(Floats& part, std::vector<std::int64_t>& range, c
 RelposForward relpos_forward(std::span<const RaggedTensor> in, const Attrs& at,
                              const RelposOptions& opt) {
     Setup s = relpos_setup(in, at, op_name, false);
-    choose(s, opt.save_projections);
+    choose(s, opt);
     return run_forward(in, s);
 }
 
@@ -135,8 +147,9 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         fail(op_name, ": dO must be ", dtype_name(in[0].dtype()), " like q, got ",
              dtype_name(dO.dtype()));
     RelposForward again;
+    s->emulated = opt.emulate_gpu;
     if (!fwd) {
-        choose(*s, opt.save_projections);
+        choose(*s, opt);
         again = run_forward(in, *s);
         fwd = &again;
     }
@@ -165,8 +178,8 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         if (sh.saved)
             for (auto* bufs : {&qbufs, &kbufs})
                 bufs->insert(bufs->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
-        kernel(Pass::query_grad, sh).launch(s->nonempty() * s->H, qbufs, s->params());
-        kernel(Pass::key_grad, sh).launch(s->nonempty() * s->H, kbufs, s->params());
+        kernel(Pass::query_grad, *s).launch(s->nonempty() * s->H, qbufs, s->params());
+        kernel(Pass::key_grad, *s).launch(s->nonempty() * s->H, kbufs, s->params());
         Floats* partial[] = {&zq, &zk, &zb};
         std::vector<std::int64_t>* ranges[] = {&qrange, &krange, &qrange};
         for (int t : {AQ, AK, BIAS}) {

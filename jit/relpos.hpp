@@ -33,6 +33,10 @@ namespace rag::jit {
 // 1024. Measure before choosing it.
 struct RelposOptions {
     bool save_projections = false;
+    // For tests: the tile programs are lowered as for the GPU and run by the device emulator
+    // (jit/kir_emulator.hpp), so the GPU lowering of every pass is checked without a GPU.
+    // Slow: every block is 128 host threads.
+    bool emulate_gpu = false;
 };
 
 struct RelposForward {

@@ -26,6 +26,7 @@ struct RelposSetup {
     // Head-major expansions [H][U][width] of the present tables (width D, D, 1); empty when
     // the table is absent.
     std::vector<float> eq, ek, eb;
+    bool emulated = false; // the CPU tier's programs run through the GPU emulator (tests)
 
     std::int64_t strips() const { return std::int64_t(tiles.size() / 3); }
     std::int64_t nonempty() const { return std::int64_t(samples.size() / 3); }

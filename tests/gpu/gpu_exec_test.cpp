@@ -11,6 +11,7 @@
 #include "jit/relpos.hpp"
 #include "jit/relpos_gpu.hpp"
 #include "runtime/cuda.hpp"
+#include "tests/gpu/relpos_cases.hpp"
 #include "tests/support/testing.hpp"
 
 #include <cmath>
@@ -28,16 +29,6 @@ const fs::path root = RAG_SOURCE_DIR;
     if (!cuda::available()) {                                                                      \
         GTEST_SKIP() << "SKIPPED: no CUDA device (" << cuda::unavailable_reason() << ")";          \
     }
-
-double rel_l2(const RaggedTensor& a, const RaggedTensor& b) {
-    auto x = a.to_f64(), y = b.to_f64();
-    double num = 0, den = 0;
-    for (std::size_t k = 0; k < x.size(); ++k) {
-        num += (x[k] - y[k]) * (x[k] - y[k]);
-        den += y[k] * y[k];
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 
 // libdevice and glibc differ by a few ulps in exp, log, tanh, erfc and pow.
 void expect_gpu_matches_cpu(const ir::Function& f, const std::vector<RaggedTensor>& in,
@@ -132,65 +123,6 @@ TEST(GpuExec, InvalidPtxShowsTheDriverLog) {
     });
     EXPECT_NE(msg.find("loading PTX"), std::string::npos) << msg;
     EXPECT_NE(msg.find("bogus"), std::string::npos) << msg; // from the driver's JIT log
-}
-
-// One relative-position mechanism of REFERENCE.md section 2 with small map parameters, so
-// that saturated and band tiles both occur at these lengths.
-struct Mechanism {
-    std::string name;
-    std::int64_t R;
-    Attrs attrs;
-    bool aq, ak, bias;
-};
-
-std::vector<Mechanism> mechanisms(std::int64_t longest) {
-    using A = Attrs;
-    const std::string s = "map";
-    return {
-        {"Shaw clip(8)", 17,
-         A{{s, std::string("clip")}, {"distance", std::int64_t(8)}, {"aq", true}}, true, false,
-         false},
-        {"Transformer-XL identity", 2 * (longest + 3) - 1,
-         A{{s, std::string("identity")}, {"aq", true}, {"ak", true}, {"bias", true}}, true, true,
-         true},
-        {"DeBERTa log_buckets(8, 16)", 16,
-         A{{s, std::string("log_buckets")},
-           {"size", std::int64_t(8)},
-           {"max_position", std::int64_t(16)},
-           {"aq", true},
-           {"ak", true}},
-         true, true, false},
-        {"T5 t5_buckets(8, 16)", 8,
-         A{{s, std::string("t5_buckets")},
-           {"num", std::int64_t(8)},
-           {"max_distance", std::int64_t(16)},
-           {"bias", true},
-           {"scale", 1.0}},
-         false, false, true},
-    };
-}
-
-struct RelposCase {
-    std::vector<RaggedTensor> in; // q, k, v, the tables
-    RaggedTensor dO;
-    Attrs at;
-};
-
-RelposCase relpos_case(const Mechanism& m, DType t, bool causal,
-                       const std::vector<std::int64_t>& lengths) {
-    const std::int64_t H = 2, D = 16, Dv = 24; // Dv != D, so a swapped width shows
-    auto tokens = [&](std::int64_t width) {
-        const std::string axes = "~N, " + std::to_string(H) + ", " + std::to_string(width);
-        std::vector<Shape_> shapes;
-        for (auto n : lengths) shapes.push_back({n, H, width});
-        return random_batch(t, axes, shapes);
-    };
-    RelposCase c{
-        {tokens(D), tokens(D), tokens(Dv)}, tokens(Dv), Attrs(m.attrs).set("causal", causal)};
-    if (m.aq) c.in.push_back(random_dense(t, {m.R, H, D}));
-    if (m.ak) c.in.push_back(random_dense(t, {m.R, H, D}));
-    if (m.bias) c.in.push_back(random_dense(t, {m.R, H}));
-    return c;
 }
 
 bool bitwise_equal(const RaggedTensor& a, const RaggedTensor& b) {

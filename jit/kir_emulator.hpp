@@ -1,0 +1,42 @@
+// Kernel-IR kernels through their GPU lowering, run on the host CPU by emulating a device, so
+// that what only a GPU would otherwise exercise is tested everywhere: the NVPTX lowering's
+// distribution of `threads` loops over a block, its barriers, thread-0 stores in serial code,
+// the grid-stride loop over instances, shared arrays, and the tensor-core fragments of mma.
+//
+// The lowering is jit/kir_nvptx.cpp's, built for the host: special registers, bar.sync and
+// mma.sync become reads of, and calls through, an EmuThread that the emulator passes each
+// thread. A launch runs its blocks one after another, each as kKirBlock fibers on the calling
+// thread (switched only at bar.sync and mma.sync); bar.sync waits for all of them, and
+// mma.sync gathers its warp's 32 fragments and computes the tile as the PTX ISA lays it out
+// ("Matrix Fragments for mma.m16n8k16 with floating point type"), written out again here
+// independently of the lowering. Exact PTX semantics beyond these (memory model, warp
+// scheduling, libdevice math: the host's libm is used) are not emulated. A barrier that not
+// every thread reaches is reported as a rag::Error, not a hang.
+#pragma once
+#include "jit/kir.hpp"
+#include "jit/kir_cpu.hpp"
+
+#include <cstdint>
+#include <memory>
+
+namespace rag::jit {
+
+// What an emulated kernel reads for its special registers and calls for bar.sync and
+// mma.sync. The lowering addresses the fields by these offsets (all 8 bytes wide).
+struct EmuThread {
+    std::int64_t tid, ntid, ctaid, nctaid;
+    void (*barrier)(EmuThread*);
+    // regs: A's four and B's two 32-bit registers (two halves each, the first in the low
+    // half); acc: C's four floats in, D's four out. kind: 0 f16, 1 bf16.
+    void (*mma)(EmuThread*, std::int64_t kind, const std::uint32_t* regs, float* acc);
+    void* block; // the emulator's per-block state
+};
+inline constexpr int kEmuTid = 0, kEmuNtid = 8, kEmuCtaid = 16, kEmuNctaid = 24, kEmuBarrier = 32,
+                     kEmuMma = 40;
+
+// The kernel lowered as for the GPU and compiled for the host. Its launch (CpuKernel's
+// interface, host pointers) runs `blocks` blocks (default: 2, fewer for smaller grids) so
+// that the grid-stride loop is taken.
+std::unique_ptr<CpuKernel> compile_kernel_emulated(const kir::Kernel& k, int blocks = 2);
+
+} // namespace rag::jit

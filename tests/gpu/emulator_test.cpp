@@ -1,0 +1,146 @@
+// The kernel IR's GPU lowering run on the host by the device emulator (jit/kir_emulator.hpp)
+// against the CPU lowering of the same programs: thread-0 stores in serial code, threads loops
+// spread over a block, the grid-stride loop over instances, shared arrays, the tensor-core
+// fragments of mma (GEMM tile program, f16 and bf16), the segment programs and the
+// relative-position tile programs. What this cannot show (the device's memory model, real
+// warps, libdevice) is left to tests/gpu/run.sh on a GPU.
+#include "jit/gemm_programs.hpp"
+#include "jit/kir_emulator.hpp"
+#include "jit/reduce_programs.hpp"
+#include "jit/relpos.hpp"
+#include "tests/gpu/relpos_cases.hpp"
+#include "tests/support/testing.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace rag {
+namespace {
+
+using namespace rag::testing;
+using kir::Expr;
+
+// Every instance adds 1 to out[pid] `n` times in serial code, then fills row pid of `rows`
+// from a threads loop: a store repeated by every thread would add up 128 times, a threads loop
+// that skipped or repeated iterations would leave holes or double counts.
+kir::Kernel serial_and_threads() {
+    kir::Builder b("serial_and_threads");
+    Expr n = b.param("n");
+    const int out = b.buffer("out", kir::Elem::f32), rows = b.buffer("rows", kir::Elem::f32);
+    const int tmp = b.scratch("tmp", Expr(300));
+    b.loop(0, n, [&](Expr) { b.add_to(out, b.pid(), 1.0); });
+    b.loop(
+        0, 300, [&](Expr j) { b.store(tmp, j, to_f32(j + b.pid())); }, kir::Loop::threads);
+    b.loop(
+        0, 300, [&](Expr j) { b.add_to(rows, b.pid() * 300 + j, b.load(tmp, 299 - j)); },
+        kir::Loop::threads);
+    return b.finish();
+}
+
+TEST(GpuEmulator, SerialStoresThreadsLoopsAndGridStrideMatchTheCpu) {
+    const std::int64_t grid = 5, n = 7;
+    for (int blocks : {1, 2, 3}) {
+        auto emu = jit::compile_kernel_emulated(serial_and_threads(), blocks);
+        std::vector<float> out(grid, 0.0f), rows(std::size_t(grid * 300), 1.0f);
+        void* bufs[] = {out.data(), rows.data()};
+        const std::int64_t params[] = {n};
+        emu->launch(grid, bufs, params);
+        for (std::int64_t p = 0; p < grid; ++p) {
+            EXPECT_EQ(out[std::size_t(p)], float(n)) << "instance " << p << ", " << blocks;
+            for (std::int64_t j = 0; j < 300; ++j)
+                ASSERT_EQ(rows[std::size_t(p * 300 + j)], float(1 + 299 - j + p)) << p << " " << j;
+        }
+    }
+}
+
+// The GEMM program on the emulated device (tensor-core fragments for the half types, FMAs
+// for f32) against its CPU lowering: the same sums, so equal up to the accumulation order.
+TEST(GpuEmulator, GemmTensorCoreFragmentsMatchTheCpu) {
+    for (DType t : {DType::f32, DType::f16, DType::bf16})
+        for (bool transposed : {false, true}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + (transposed ? " A transposed" : ""));
+            jit::GemmJob job;
+            job.M = 80;
+            job.N = 72;
+            job.K = 40;
+            job.a_transposed = transposed;
+            const RaggedTensor a = random_dense(t, {80, 40}), b = random_dense(t, {40, 72});
+            // Distinct buffers (a copy of a tensor would share its values).
+            RaggedTensor want = random_dense(t, {80, 72}), got = random_dense(t, {80, 72});
+            std::vector<void*> bufs = {const_cast<void*>(a.data()), const_cast<void*>(b.data()),
+                                       want.mutable_data()};
+            jit::compile_kernel_cpu(jit::gemm_program(t))->launch(job.grid(), bufs, job.params());
+            bufs[2] = got.mutable_data();
+            jit::compile_kernel_emulated(jit::gemm_program(t))
+                ->launch(job.grid(), bufs, job.params());
+            const auto g = got.to_f64(), w = want.to_f64();
+            const double ulp = t == DType::f32 ? 1e-6 : t == DType::f16 ? 1e-3 : 8e-3;
+            for (std::size_t i = 0; i < g.size(); ++i)
+                ASSERT_NEAR(g[i], w[i], 1e-5 * 40 + ulp * std::abs(w[i])) << "element " << i;
+        }
+}
+
+// The segment programs on the emulated device against their CPU lowering: bit for bit (each
+// line is reduced in index order by one thread on both).
+TEST(GpuEmulator, SegmentProgramsMatchTheCpuBitForBit) {
+    const RaggedTensor x =
+        random_batch(DType::f32, "~N, 5", shapes_for("~N, 5", {{3}, {0}, {300}, {1}}));
+    const Attrs over_n{{"axis", std::int64_t(1)}};
+    for (const char* op : {"sum", "mean", "softmax"}) {
+        SCOPED_TRACE(op);
+        const RaggedTensor want = evaluate(op, {x}, over_n);
+        const ir::Node n{op, {0}, over_n, want.schema(), ""};
+        const auto job = jit::segment_job(n, std::vector<RaggedTensor>{x});
+        ASSERT_TRUE(job.has_value());
+        std::vector<std::vector<float>> results;
+        for (bool emulated : {false, true}) {
+            const kir::Kernel k = jit::segment_program(job->op);
+            auto kernel = emulated ? jit::compile_kernel_emulated(k) : jit::compile_kernel_cpu(k);
+            std::vector<float> out(std::size_t(job->out->numel()), NAN);
+            std::vector<void*> bufs = {const_cast<std::int64_t*>(job->seg.data())};
+            for (const RaggedTensor& in : job->inputs) bufs.push_back(const_cast<void*>(in.data()));
+            bufs.push_back(out.data());
+            kernel->launch(job->grid(), bufs, {});
+            results.push_back(out);
+        }
+        EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * 4));
+    }
+}
+
+// Every relative-position pass (forward, query and key gradients, table reduction; recomputed
+// and saved projections) lowered for the GPU and emulated, against the CPU lowering: the four
+// mechanisms in f32, Transformer-XL (every table) also causal, saved and in f16, on lengths
+// around the 64-token strip. (Each case compiles its programs twice: the cases are few.)
+TEST(GpuEmulator, RelposTileProgramsMatchTheCpu) {
+    const std::vector<std::int64_t> lengths = {65, 1, 0, 40};
+    struct Case {
+        int mechanism;
+        DType t;
+        bool causal, saved;
+    };
+    const Case cases[] = {{0, DType::f32, false, false}, {1, DType::f32, false, false},
+                          {2, DType::f32, false, false}, {3, DType::f32, false, false},
+                          {1, DType::f32, true, false},  {1, DType::f32, false, true},
+                          {1, DType::f16, false, false}};
+    for (const Case& k : cases) {
+        const Mechanism m = mechanisms(65)[std::size_t(k.mechanism)];
+        SCOPED_TRACE(m.name + (k.causal ? " causal " : " bidirectional ") +
+                     std::string(dtype_name(k.t)) + (k.saved ? " saved" : ""));
+        const RelposCase c = relpos_case(m, k.t, k.causal, lengths);
+        const double tol = k.t == DType::f32 ? 1e-5 : 2e-3;
+        jit::RelposOptions cpu, emulated;
+        cpu.save_projections = emulated.save_projections = k.saved;
+        emulated.emulate_gpu = true;
+        const jit::RelposForward want = jit::relpos_forward(c.in, c.at, cpu);
+        const jit::RelposForward got = jit::relpos_forward(c.in, c.at, emulated);
+        EXPECT_LE(rel_l2(got.out, want.out), tol) << "output";
+        const auto gw = jit::relpos_backward(c.in, c.dO, c.at, &want, cpu);
+        const auto gg = jit::relpos_backward(c.in, c.dO, c.at, &got, emulated);
+        ASSERT_EQ(gg.size(), gw.size());
+        for (std::size_t g = 0; g < gw.size(); ++g)
+            EXPECT_LE(rel_l2(gg[g], gw[g]), tol) << "gradient " << g;
+    }
+}
+
+} // namespace
+} // namespace rag
