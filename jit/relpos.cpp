@@ -35,8 +35,8 @@ const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
     if (pass != Pass::reduce)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
-               std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.saved) + "/" +
-               std::to_string(s.scale);
+               std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.saved) +
+               std::to_string(s.tensor_cores) + "/" + std::to_string(s.scale);
     std::lock_guard<std::mutex> lock(mu);
     auto& k = cache[key];
     if (!k) {
@@ -84,9 +84,11 @@ void* ptr(const RaggedTensor& t) {
 void choose(Setup& s, bool save) {
     s.shape.saved = save && (s.shape.aq || s.shape.ak);
 }
+// The emulated GPU runs what the GPU would: tensor cores for the half types.
 void choose(Setup& s, const RelposOptions& opt) {
     choose(s, opt.save_projections);
     s.emulated = opt.emulate_gpu;
+    s.shape.tensor_cores = opt.emulate_gpu && relpos_tensor_cores(s.shape.dtype);
 }
 
 // The saved projections of one table: [tokens][H][WS] f32 when present, else one float.
@@ -148,6 +150,7 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
              dtype_name(dO.dtype()));
     RelposForward again;
     s->emulated = opt.emulate_gpu;
+    s->shape.tensor_cores = opt.emulate_gpu && relpos_tensor_cores(s->shape.dtype);
     if (!fwd) {
         choose(*s, opt);
         again = run_forward(in, *s);

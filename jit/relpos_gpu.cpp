@@ -22,7 +22,8 @@ const GpuKernel& kernel(Pass pass, const RelposShape& s) {
     if (pass != Pass::reduce)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
-               std::to_string(s.bias) + std::to_string(s.causal) + "/" + std::to_string(s.scale);
+               std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.tensor_cores) +
+               "/" + std::to_string(s.scale);
     return gpu_kernel(key, [&] {
         switch (pass) {
         case Pass::forward:
@@ -59,6 +60,7 @@ void launch(const GpuKernel& k, std::int64_t grid, std::initializer_list<Named> 
 
 RelposOnDevice::RelposOnDevice(std::span<const RaggedTensor> in, const Attrs& at)
     : in_(in.begin(), in.end()), at_(at), s_(relpos_setup(in, at, op_name, false)) {
+    s_.shape.tensor_cores = relpos_tensor_cores(s_.shape.dtype);
     q_ = to_device(in_[0]);
     k_ = to_device(in_[1]);
     v_ = to_device(in_[2]);

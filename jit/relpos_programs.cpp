@@ -94,7 +94,8 @@ struct Program {
     // Saved projection of token i of the sample at row u, rows from lo.
     Expr saved_at(Expr i, Expr u, Expr lo) { return ((o + i) * H + h) * WS + u - lo; }
 
-    // Copies rows [first, first + count) of a [T, H, width] buffer into scratch dst.
+    // Copies rows [first, first + count) of a [T, H, width] buffer into scratch dst, and with
+    // tensor cores zeros rows [count, J), which a 16-row block or a J-deep product reads.
     void stage(int dst, int src, Expr first, Expr count, std::int64_t width) {
         b.loop(
             0, count,
@@ -104,6 +105,10 @@ struct Program {
                 });
             },
             Loop::threads);
+        if (s.tensor_cores)
+            b.loop(
+                count * width, RelposShape::J * width, [&](Expr x) { b.store(dst, x, 0.0); },
+                Loop::threads);
     }
 
     // dst[x * J + r] = element x of row first + r of a [T, H, width] buffer for r < count, and
@@ -156,10 +161,32 @@ struct Program {
             Loop::threads);
     }
     static Expr padded(Expr rows) { return rows + (block - 1); }
-    // The same for a row-major scratch tile a [rows][width].
+    // The same for a row-major scratch tile a [rows][width] (of at least 64 rows). With tensor
+    // cores: mma statements over 16-row blocks, then the copies of the last row.
     void products(int out, Expr rows, int a, int bt, std::int64_t width) {
-        products(
-            out, rows, [&](Expr r, Expr x) { return b.load(a, r * width + x); }, bt, width);
+        const auto J = RelposShape::J;
+        if (!tensor_core_products(width)) {
+            products(
+                out, rows, [&](Expr r, Expr x) { return b.load(a, r * width + x); }, bt, width);
+            return;
+        }
+        Expr blocks = b.let(kir::ceil_div(rows, 16), "blocks");
+        b.loop(
+            0, blocks * (16 * J), [&](Expr x) { b.store(out, x, 0.0); }, Loop::threads);
+        b.loop(0, blocks, [&](Expr rb) {
+            b.mma({out, rb * (16 * J), J, 1}, {a, rb * (16 * width), width, 1}, {bt, 0, J, 1}, 16,
+                  J, width, precision());
+        });
+        Expr last = b.let((rows - 1) * J, "last");
+        b.loop(
+            rows * J, kir::ceil_div(rows, block) * (block * J),
+            [&](Expr x) { b.store(out, x, b.load(out, last + x % J)); }, Loop::threads);
+    }
+    bool tensor_core_products(std::int64_t width) const {
+        return s.tensor_cores && width % 16 == 0;
+    }
+    kir::Precision precision() const {
+        return s.dtype == DType::bf16 ? kir::Precision::bf16 : kir::Precision::f16;
     }
 
     // projT[w * J + r] = row r of srcT (a tile staged by stage_t) . table row lo + w (+ bias)
@@ -418,13 +445,23 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                         b.store(M, g, m_new);
                     },
                     [&] { b.loop(0, cols, [&](Expr jj) { b.store(S, g * J + jj, 0.0); }); });
+                // A J-deep product reads every column: those past the tile weigh nothing.
+                if (s.tensor_cores)
+                    b.loop(cols, Expr(J), [&](Expr jj) { b.store(S, g * J + jj, 0.0); });
             },
             Loop::threads);
-        // S holds the probabilities now: A += P V.
-        p.blocked_rows(
-            rows, cols, s.Dv, A, [&](Expr g, Expr x) { return g * s.Dv + x; },
-            [&](Expr g, Expr jj) { return b.load(S, g * J + jj); },
-            [&](Expr jj, Expr x) { return b.load(Vs, jj * s.Dv + x); });
+        // S holds the probabilities now: A += P V (on tensor cores: P rounded to the data's
+        // type, 16-row blocks, J deep; Vs is zero past the tile).
+        if (s.tensor_cores)
+            b.loop(0, kir::ceil_div(rows, 16), [&](Expr rb) {
+                b.mma({A, rb * (16 * s.Dv), s.Dv, 1}, {S, rb * (16 * J), J, 1}, {Vs, 0, s.Dv, 1},
+                      16, s.Dv, J, p.precision());
+            });
+        else
+            p.blocked_rows(
+                rows, cols, s.Dv, A, [&](Expr g, Expr x) { return g * s.Dv + x; },
+                [&](Expr g, Expr jj) { return b.load(S, g * J + jj); },
+                [&](Expr jj, Expr x) { return b.load(Vs, jj * s.Dv + x); });
     });
     b.loop(
         0, rows,

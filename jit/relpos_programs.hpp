@@ -26,8 +26,19 @@ struct RelposShape {
     // once (zqs, zks), and the forward and both backward passes read them instead of
     // projecting their strips and tiles again. See RelposOptions in jit/relpos.hpp.
     bool saved = false;
+    // Tensor cores (the GPU, f16 and bf16 data): the content products S = Q K^T and
+    // dP = dO V^T of every pass and the forward's P V run as kernel-IR mma statements
+    // (mma.sync m16n8k16), their operands rounded to the data's type: exact for the inputs,
+    // and for P the rounding FlashAttention makes. The strip G must be a multiple of 16 (it is
+    // J). Off for the CPU, whose FMA loops are faster than emulated tiles.
+    bool tensor_cores = false;
     static constexpr std::int64_t J = 64; // the inner tile
 };
+
+// Whether the GPU runs the programs of data type t on tensor cores (RelposShape::tensor_cores).
+inline bool relpos_tensor_cores(DType t) {
+    return t == DType::f16 || t == DType::bf16;
+}
 
 // Parameters shared by the programs, in this order: heads H, Delta, rows U = 2 Delta + 1, the
 // strip G, W, the most rows a strip reaches (scratch sizing), and WP, the most rows a sample

@@ -21,6 +21,9 @@ std::vector<jit::RelposShape> shapes() {
         {DType::f16, 64, 64, false, false, true, true, 0.125},   // T5-style bias, causal
         {DType::bf16, 64, 64, true, false, false, true, 0.125},  // query term only, causal
         {DType::f64, 32, 16, false, true, true, false, 0.25},    // key term and bias, Dv != D
+        // On tensor cores, as the GPU runs the half types (D = 64: every product on them).
+        {DType::f16, 64, 64, true, true, true, false, 0.125, false, true},
+        {DType::bf16, 64, 64, false, false, true, true, 0.125, false, true},
     };
 }
 
@@ -34,10 +37,19 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
     if (ptxas_path().empty())
         GTEST_SKIP() << "SKIPPED: no ptxas (set RAG_PTXAS or CUDA_HOME); PTX not assembled";
     std::vector<kir::Kernel> kernels = {jit::relpos_table_reduce_program()};
+    std::size_t with_mma = 0;
     for (const auto& s : shapes()) {
         kernels.push_back(jit::relpos_forward_program(s));
         kernels.push_back(jit::relpos_query_grad_program(s));
         kernels.push_back(jit::relpos_key_grad_program(s));
+        for (std::size_t k = kernels.size() - 3; k < kernels.size(); ++k)
+            with_mma += kir::print(kernels[k]).find("mma.") != std::string::npos;
+        if (s.tensor_cores) {
+            EXPECT_EQ(with_mma, 3u) << "every pass of a tensor-core shape has mma statements";
+        } else {
+            EXPECT_EQ(with_mma, 0u);
+        }
+        with_mma = 0;
     }
     for (const kir::Kernel& k : kernels)
         for (const char* arch : {"sm_80", "sm_90"}) {
@@ -52,6 +64,9 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
             if (threads) {
                 EXPECT_GE(count(ptx, "bar.sync"), 1u) << k.name;
             }
+            // The tensor-core shapes' programs (the reduction has no products) use mma.sync.
+            const bool mma = kir::print(k).find("mma.") != std::string::npos;
+            EXPECT_EQ(ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos, mma) << k.name;
             PtxasResult r = run_ptxas(ptx, arch);
             EXPECT_EQ(r.status, 0) << k.name << " for " << arch << ":\n" << r.output;
         }
