@@ -90,7 +90,7 @@ class CompiledGpu final : public GpuFunction {
 
     std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
         std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
-        RelposNodes<RelposOnGpu> relpos;
+        RelposNodes<RelposOnGpu> relpos(true); // self-attention too
         for (const Step& s : plan_.steps) {
             if (s.kind == Step::Kind::fused) {
                 run_group(std::size_t(s.index), vals);
@@ -100,7 +100,12 @@ class CompiledGpu final : public GpuFunction {
             // GEMMs, batched GEMMs, norms, attention, layout, other reductions), which also compute
             // the sibling gradients of a rowwise or attention step; else the reference kernels.
             const std::size_t i = std::size_t(s.index);
-            if (relpos.run(f_, i, vals) || run_segment_program(f_.nodes[i], i, vals) ||
+            if (relpos.run(f_, i, vals)) { // with an attention step's sibling gradients
+                for (int j : s.also)
+                    if (!relpos.run(f_, std::size_t(j), vals)) reference(std::size_t(j), vals);
+                continue;
+            }
+            if (run_segment_program(f_.nodes[i], i, vals) ||
                 run_gemm_program(f_.nodes[i], i, vals) || run_host_step(f_, s, vals))
                 continue;
             reference(i, vals);

@@ -8,6 +8,7 @@
 #include "jit/kir_emulator.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos.hpp"
+#include "jit/relpos_step.hpp"
 #include "tests/gpu/relpos_cases.hpp"
 #include "tests/support/testing.hpp"
 
@@ -142,6 +143,66 @@ TEST(GpuEmulator, RelposTileProgramsMatchTheCpu) {
         for (std::size_t g = 0; g < gw.size(); ++g)
             EXPECT_LE(rel_l2(gg[g], gw[g]), tol) << "gradient " << g;
     }
+}
+
+// One relpos application whose tile programs run on the emulated GPU (tensor cores for the
+// half types), as RelposNodes drives it on the GPU tier.
+struct EmulatedRelpos : jit::RelposOnCpu {
+    EmulatedRelpos(std::span<const RaggedTensor> in, const Attrs& at)
+        : jit::RelposOnCpu(in, at, options()) {}
+    static jit::RelposOptions options() {
+        jit::RelposOptions o;
+        o.emulate_gpu = true;
+        return o;
+    }
+};
+
+// Self-attention (attention with keys as long as the queries) through the relpos programs, as
+// the GPU tier runs it: the output and the three gradients (one pass for the siblings) equal
+// the reference kernels; cross-attention is not taken.
+TEST(GpuEmulator, SelfAttentionRunsAsRelposWithoutTables) {
+    for (DType t : {DType::f32, DType::f16})
+        for (bool causal : {false, true}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + (causal ? " causal" : ""));
+            const std::vector<Shape_> n = {{70, 2, 16}, {0, 2, 16}, {9, 2, 16}};
+            const RaggedTensor q = random_batch(t, "~N, 2, 16", n);
+            const RaggedTensor k = random_batch(t, "~M, 2, 16", n);
+            const RaggedTensor v = random_batch(t, "~M, 2, 16", n);
+            const RaggedTensor dO = random_batch(t, "~N, 2, 16", n);
+            const Attrs at{{"causal", causal}, {"scale", 0.3}};
+            ir::Function f;
+            ir::Builder b(f);
+            const int qi = b.input(q.schema(), "q"), ki = b.input(k.schema(), "k"),
+                      vi = b.input(v.schema(), "v"), gi = b.input(dO.schema(), "dO");
+            f.outputs = {b.op("attention", {qi, ki, vi}, at)};
+            for (std::int64_t w = 0; w < 3; ++w)
+                f.outputs.push_back(
+                    b.op("attention_grad", {qi, ki, vi, gi}, Attrs(at).set("wrt", w)));
+            std::vector<RaggedTensor> vals = {q, k, v, dO};
+            vals.resize(f.nodes.size());
+            jit::RelposNodes<EmulatedRelpos> nodes(true);
+            const double tol = t == DType::f32 ? 1e-5 : 3e-3;
+            for (int o : f.outputs) {
+                ASSERT_TRUE(nodes.run(f, std::size_t(o), vals));
+                const ir::Node& node = f.nodes[std::size_t(o)];
+                std::vector<RaggedTensor> args;
+                for (int a : node.args) args.push_back(vals[std::size_t(a)]);
+                const RaggedTensor want = evaluate(node.op, args, node.attrs);
+                EXPECT_EQ(vals[std::size_t(o)].schema(), want.schema()) << node.op;
+                EXPECT_LE(rel_l2(vals[std::size_t(o)], want), tol)
+                    << node.op << " " << node.attrs.str();
+            }
+        }
+    // Cross-attention (other key lengths) stays with the caller.
+    const RaggedTensor q = random_batch(DType::f32, "~N, 1, 4", {{3, 1, 4}});
+    const RaggedTensor kv = random_batch(DType::f32, "~M, 1, 4", {{5, 1, 4}});
+    ir::Function f;
+    ir::Builder b(f);
+    const int qi = b.input(q.schema(), "q"), ki = b.input(kv.schema(), "k");
+    f.outputs = {b.op("attention", {qi, ki, ki}, {})};
+    std::vector<RaggedTensor> vals = {q, kv};
+    vals.resize(f.nodes.size());
+    EXPECT_FALSE(jit::RelposNodes<EmulatedRelpos>(true).run(f, std::size_t(f.outputs[0]), vals));
 }
 
 } // namespace
