@@ -4,6 +4,7 @@
 #include "jit/cpu_jit.hpp"
 #include "jit/gemm_programs.hpp"
 #include "jit/kir_gpu.hpp"
+#include "jit/norm_programs.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos_gpu.hpp"
 #include "jit/relpos_step.hpp"
@@ -11,6 +12,7 @@
 #include "runtime/error.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 namespace rag::jit {
@@ -60,6 +62,54 @@ bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor
     return true;
 }
 
+// layernorm, rmsnorm (f32, f16, bf16) and their gradients on the device through the norm
+// programs (jit/norm_programs.hpp): node i and its sibling gradients `also` in one pass. Says
+// whether they ran here.
+bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also,
+                      std::vector<RaggedTensor>& vals) {
+    std::optional<NormJob> job = norm_job(f, i, also, vals);
+    if (!job) return false;
+    const DType t = job->dtype;
+    const bool grad = !job->wants.empty();
+    const bool layer = job->op == NormOp::layernorm || job->op == NormOp::layernorm_grad;
+    char eps[32];
+    std::snprintf(eps, sizeof eps, "%a", job->eps); // exact: eps is baked into the program
+    const GpuKernel& k = gpu_kernel("norm/" + std::to_string(int(job->op)) + "/" +
+                                        std::string(dtype_name(t)) + "/" + eps,
+                                    [&] { return norm_program(job->op, t, job->eps); });
+    const RaggedTensor& x = job->inputs[0];
+    std::vector<cuda::Buffer> bufs;
+    for (const RaggedTensor& in : job->inputs) bufs.push_back(to_device(in));
+    bufs.push_back(device_buffer(std::size_t(x.numel()) * dtype_size(t)));
+    const std::size_t part_bytes = std::size_t(job->grid() * job->C) * 4;
+    const int parts = grad ? (layer ? 2 : 1) : 0;
+    for (int p = 0; p < parts; ++p) bufs.push_back(device_buffer(part_bytes));
+    std::vector<std::uint64_t> ptrs;
+    for (const auto& b : bufs) ptrs.push_back(b.ptr());
+    const std::int64_t params[] = {job->rows, job->C};
+    k.launch(job->grid(), ptrs, params);
+    const cuda::Buffer& out = bufs[job->inputs.size()];
+    RaggedTensor first = from_device(out, t, x.structure_ptr());
+    if (!grad) {
+        vals[std::size_t(i)] = first;
+        return true;
+    }
+    // dx, then dg and db: the partials summed over instances in order.
+    std::vector<RaggedTensor> grads = {first};
+    const GpuKernel& sums = gpu_kernel("norm/sums/" + std::string(dtype_name(t)),
+                                       [t] { return column_sums_program(t); });
+    const StructurePtr& param = job->inputs[1].structure_ptr();
+    for (int p = 0; p < parts; ++p) {
+        const cuda::Buffer sum = device_buffer(std::size_t(job->C) * dtype_size(t));
+        const std::uint64_t sp[] = {bufs[job->inputs.size() + 1 + std::size_t(p)].ptr(), sum.ptr()};
+        const std::int64_t pp[] = {job->grid(), job->C};
+        sums.launch(job->C, sp, pp);
+        grads.push_back(from_device(sum, t, param));
+    }
+    for (const auto& [node, wrt] : job->wants) vals[std::size_t(node)] = grads.at(std::size_t(wrt));
+    return true;
+}
+
 // One relpos application on the device (jit/relpos_step.hpp): the forward's O and
 // log-sum-exp stay there for the backward.
 class RelposOnGpu {
@@ -106,7 +156,8 @@ class CompiledGpu final : public GpuFunction {
                 continue;
             }
             if (run_segment_program(f_.nodes[i], i, vals) ||
-                run_gemm_program(f_.nodes[i], i, vals) || run_host_step(f_, s, vals))
+                run_gemm_program(f_.nodes[i], i, vals) ||
+                run_norm_program(f_, s.index, s.also, vals) || run_host_step(f_, s, vals))
                 continue;
             reference(i, vals);
             for (int j : s.also) reference(std::size_t(j), vals);

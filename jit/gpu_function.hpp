@@ -3,8 +3,9 @@
 // (attention whose keys are as long as its queries) as the fused tile programs
 // (jit/relpos_gpu.hpp), f32 sum/mean over one axis, their gradients, softmax and its gradient
 // as segment programs (jit/reduce_programs.hpp), x @ W and weight gradients in f32, f16 and
-// bf16 as the GEMM tile program (jit/gemm_programs.hpp, tensor cores for the half types);
-// every other step (f64 and batched GEMMs, cross-attention, norms, the rest) runs on the host
+// bf16 as the GEMM tile program (jit/gemm_programs.hpp, tensor cores for the half types),
+// layernorm, rmsnorm and their gradients as the norm programs (jit/norm_programs.hpp);
+// every other step (f64 and batched GEMMs, cross-attention, f64 norms, the rest) runs on the host
 // through the CPU tier's or the reference kernels. Tensors live on the host between
 // steps: each step uploads its inputs and downloads its outputs, so this checks GPU code
 // against the CPU tier rather than being fast. This header knows nothing of LLVM or of the
