@@ -13,14 +13,53 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <map>
 
 namespace rag::jit {
 namespace {
 
+// The device copies of one call's values, keyed by their host buffer: a value is uploaded at
+// most once per call, and a result computed on the device stays there for the device steps
+// that read it (each is downloaded too, since host steps may read it). An entry holds the
+// host buffer, so its address cannot be reused by another value while the copy is cached.
+// Ragged-structure tables (segment entries) are uploaded once per call per distinct table.
+class DeviceValues {
+  public:
+    const cuda::Buffer& of(const RaggedTensor& t) {
+        std::byte* key = t.buffer().data.get();
+        if (!key) return scratch_.emplace_back(to_device(t)); // empty: nothing to share
+        auto it = values_.find(key);
+        if (it == values_.end()) it = values_.emplace(key, Entry{t.buffer(), to_device(t)}).first;
+        return it->second.device;
+    }
+    // A device result: downloaded, and kept as the copy of the host tensor made from it.
+    RaggedTensor result(cuda::Buffer b, DType t, const StructurePtr& st) {
+        RaggedTensor r = from_device(b, t, st);
+        if (std::byte* key = r.buffer().data.get())
+            values_.emplace(key, Entry{r.buffer(), std::move(b)});
+        return r;
+    }
+    const cuda::Buffer& table(const std::vector<std::int64_t>& v) {
+        auto it = tables_.find(v);
+        if (it == tables_.end()) it = tables_.emplace(v, to_device(v)).first;
+        return it->second;
+    }
+
+  private:
+    struct Entry {
+        Buffer host;
+        cuda::Buffer device;
+    };
+    std::map<const std::byte*, Entry> values_;
+    std::map<std::vector<std::int64_t>, cuda::Buffer> tables_;
+    std::deque<cuda::Buffer> scratch_; // uploads of empty values (stable addresses)
+};
+
 // sum/mean over one axis, their gradients, softmax and its gradient (f32) on the device through
 // their kernel-IR programs (jit/reduce_programs.hpp). Says whether node i ran here.
-bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals) {
+bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals,
+                         DeviceValues& dev) {
     std::vector<RaggedTensor> args;
     for (int a : n.args) args.push_back(vals[std::size_t(a)]);
     std::optional<SegmentJob> job = segment_job(n, args);
@@ -28,21 +67,20 @@ bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTen
     const SegOp op = job->op;
     const GpuKernel& k =
         gpu_kernel("segment/" + std::to_string(int(op)), [op] { return segment_program(op); });
-    std::vector<cuda::Buffer> bufs;
-    bufs.push_back(to_device(job->seg));
-    for (const RaggedTensor& t : job->inputs) bufs.push_back(to_device(t));
-    bufs.push_back(device_buffer(std::size_t(job->out->numel()) * 4));
-    std::vector<std::uint64_t> ptrs;
-    for (const auto& b : bufs) ptrs.push_back(b.ptr());
+    cuda::Buffer out = device_buffer(std::size_t(job->out->numel()) * 4);
+    std::vector<std::uint64_t> ptrs = {dev.table(job->seg).ptr()};
+    for (const RaggedTensor& t : job->inputs) ptrs.push_back(dev.of(t).ptr());
+    ptrs.push_back(out.ptr());
     k.launch(job->grid(), ptrs, {});
-    vals[i] = from_device(bufs.back(), DType::f32, job->out);
+    vals[i] = dev.result(std::move(out), DType::f32, job->out);
     return true;
 }
 
 // x @ W over packed rows and weight gradients (f32, f16, bf16) on the device through the GEMM
 // tile program (jit/gemm_programs.hpp): tensor cores for the half types. Says whether node i
 // ran here.
-bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals) {
+bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals,
+                      DeviceValues& dev) {
     const DType t = n.type.dtype;
     if (t != DType::f32 && t != DType::f16 && t != DType::bf16) return false;
     std::optional<GemmJob> job = gemm_job(n, vals);
@@ -53,12 +91,11 @@ bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor
     }
     const GpuKernel& k =
         gpu_kernel(std::string("gemm/").append(dtype_name(t)), [t] { return gemm_program(t); });
-    const cuda::Buffer a = to_device(vals[std::size_t(n.args[0])]);
-    const cuda::Buffer b = to_device(vals[std::size_t(n.args[1])]);
-    const cuda::Buffer c = device_buffer(std::size_t(job->M * job->N) * dtype_size(t));
-    const std::uint64_t ptrs[] = {a.ptr(), b.ptr(), c.ptr()};
+    cuda::Buffer c = device_buffer(std::size_t(job->M * job->N) * dtype_size(t));
+    const std::uint64_t ptrs[] = {dev.of(vals[std::size_t(n.args[0])]).ptr(),
+                                  dev.of(vals[std::size_t(n.args[1])]).ptr(), c.ptr()};
     k.launch(job->grid(), ptrs, job->params());
-    vals[i] = from_device(c, t, job->out);
+    vals[i] = dev.result(std::move(c), t, job->out);
     return true;
 }
 
@@ -66,7 +103,7 @@ bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor
 // programs (jit/norm_programs.hpp): node i and its sibling gradients `also` in one pass. Says
 // whether they ran here.
 bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also,
-                      std::vector<RaggedTensor>& vals) {
+                      std::vector<RaggedTensor>& vals, DeviceValues& dev) {
     std::optional<NormJob> job = norm_job(f, i, also, vals);
     if (!job) return false;
     const DType t = job->dtype;
@@ -78,18 +115,18 @@ bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also
                                         std::string(dtype_name(t)) + "/" + eps,
                                     [&] { return norm_program(job->op, t, job->eps); });
     const RaggedTensor& x = job->inputs[0];
-    std::vector<cuda::Buffer> bufs;
-    for (const RaggedTensor& in : job->inputs) bufs.push_back(to_device(in));
-    bufs.push_back(device_buffer(std::size_t(x.numel()) * dtype_size(t)));
-    const std::size_t part_bytes = std::size_t(job->grid() * job->C) * 4;
+    cuda::Buffer out = device_buffer(std::size_t(x.numel()) * dtype_size(t));
     const int parts = grad ? (layer ? 2 : 1) : 0;
-    for (int p = 0; p < parts; ++p) bufs.push_back(device_buffer(part_bytes));
+    std::vector<cuda::Buffer> part;
+    for (int p = 0; p < parts; ++p)
+        part.push_back(device_buffer(std::size_t(job->grid() * job->C) * 4));
     std::vector<std::uint64_t> ptrs;
-    for (const auto& b : bufs) ptrs.push_back(b.ptr());
+    for (const RaggedTensor& in : job->inputs) ptrs.push_back(dev.of(in).ptr());
+    ptrs.push_back(out.ptr());
+    for (const auto& b : part) ptrs.push_back(b.ptr());
     const std::int64_t params[] = {job->rows, job->C};
     k.launch(job->grid(), ptrs, params);
-    const cuda::Buffer& out = bufs[job->inputs.size()];
-    RaggedTensor first = from_device(out, t, x.structure_ptr());
+    RaggedTensor first = dev.result(std::move(out), t, x.structure_ptr());
     if (!grad) {
         vals[std::size_t(i)] = first;
         return true;
@@ -100,11 +137,11 @@ bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also
                                        [t] { return column_sums_program(t); });
     const StructurePtr& param = job->inputs[1].structure_ptr();
     for (int p = 0; p < parts; ++p) {
-        const cuda::Buffer sum = device_buffer(std::size_t(job->C) * dtype_size(t));
-        const std::uint64_t sp[] = {bufs[job->inputs.size() + 1 + std::size_t(p)].ptr(), sum.ptr()};
+        cuda::Buffer sum = device_buffer(std::size_t(job->C) * dtype_size(t));
+        const std::uint64_t sp[] = {part[std::size_t(p)].ptr(), sum.ptr()};
         const std::int64_t pp[] = {job->grid(), job->C};
         sums.launch(job->C, sp, pp);
-        grads.push_back(from_device(sum, t, param));
+        grads.push_back(dev.result(std::move(sum), t, param));
     }
     for (const auto& [node, wrt] : job->wants) vals[std::size_t(node)] = grads.at(std::size_t(wrt));
     return true;
@@ -140,24 +177,26 @@ class CompiledGpu final : public GpuFunction {
 
     std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
         std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
+        DeviceValues dev;
         RelposNodes<RelposOnGpu> relpos(true); // self-attention too
         for (const Step& s : plan_.steps) {
             if (s.kind == Step::Kind::fused) {
-                run_group(std::size_t(s.index), vals);
+                run_group(std::size_t(s.index), vals, dev);
                 continue;
             }
             // Device kernels where there are some; else the CPU tier's host kernels (f64
-            // GEMMs, batched GEMMs, norms, attention, layout, other reductions), which also compute
-            // the sibling gradients of a rowwise or attention step; else the reference kernels.
+            // GEMMs, batched GEMMs, f64 norms, cross-attention, layout, other reductions), which
+            // also compute the sibling gradients of a rowwise or attention step; else the
+            // reference kernels.
             const std::size_t i = std::size_t(s.index);
             if (relpos.run(f_, i, vals)) { // with an attention step's sibling gradients
                 for (int j : s.also)
                     if (!relpos.run(f_, std::size_t(j), vals)) reference(std::size_t(j), vals);
                 continue;
             }
-            if (run_segment_program(f_.nodes[i], i, vals) ||
-                run_gemm_program(f_.nodes[i], i, vals) ||
-                run_norm_program(f_, s.index, s.also, vals) || run_host_step(f_, s, vals))
+            if (run_segment_program(f_.nodes[i], i, vals, dev) ||
+                run_gemm_program(f_.nodes[i], i, vals, dev) ||
+                run_norm_program(f_, s.index, s.also, vals, dev) || run_host_step(f_, s, vals))
                 continue;
             reference(i, vals);
             for (int j : s.also) reference(std::size_t(j), vals);
@@ -177,7 +216,7 @@ class CompiledGpu final : public GpuFunction {
 
     // The group's kernel over the packed elements; operands of unequal runtime structure go
     // to the reference kernels, which name the offending sample (as on the CPU tier).
-    void run_group(std::size_t g, std::vector<RaggedTensor>& vals) const {
+    void run_group(std::size_t g, std::vector<RaggedTensor>& vals, DeviceValues& dev) const {
         const FusedGroup& grp = plan_.groups[g];
         const RaggedTensor* shape_from = nullptr;
         bool same = true;
@@ -196,19 +235,18 @@ class CompiledGpu final : public GpuFunction {
         const StructurePtr& st = shape_from->structure_ptr();
         std::int64_t n = st->numel();
         const std::size_t elem = dtype_size(grp.dtype);
-        std::vector<cuda::Buffer> bufs;
         std::vector<std::int64_t> lens;
         std::vector<std::uint64_t> ptrs;
-        bufs.reserve(grp.inputs.size() + grp.outputs.size());
         for (const auto& x : grp.inputs) {
             const RaggedTensor& t = vals[std::size_t(x.value)];
-            bufs.emplace_back(std::max<std::size_t>(std::size_t(t.numel()) * elem, elem));
-            cuda::upload(bufs.back(), t.data(), std::size_t(t.numel()) * elem);
+            ptrs.push_back(dev.of(t).ptr());
             lens.push_back(std::max<std::int64_t>(t.numel(), 1));
         }
-        for (std::size_t k = 0; k < grp.outputs.size(); ++k)
-            bufs.emplace_back(std::max<std::size_t>(std::size_t(n) * elem, elem));
-        for (const auto& b : bufs) ptrs.push_back(b.ptr());
+        std::vector<cuda::Buffer> outs;
+        for (std::size_t k = 0; k < grp.outputs.size(); ++k) {
+            outs.push_back(device_buffer(std::size_t(n) * elem));
+            ptrs.push_back(outs.back().ptr());
+        }
         // cuLaunchKernel takes the address of each parameter's value, in kernel order.
         std::vector<void*> params = {&n};
         for (std::size_t k = 0; k < grp.inputs.size(); ++k) {
@@ -220,11 +258,8 @@ class CompiledGpu final : public GpuFunction {
         const std::int64_t blocks =
             std::min<std::int64_t>((n + kFusedBlock - 1) / kFusedBlock, 65535);
         kernels_[g].launch(unsigned(blocks), kFusedBlock, params);
-        for (std::size_t k = 0; k < grp.outputs.size(); ++k) {
-            RaggedTensor out = RaggedTensor::zeros(grp.dtype, st);
-            cuda::download(out.mutable_data(), bufs[grp.inputs.size() + k], std::size_t(n) * elem);
-            vals[std::size_t(grp.outputs[k])] = std::move(out);
-        }
+        for (std::size_t k = 0; k < grp.outputs.size(); ++k)
+            vals[std::size_t(grp.outputs[k])] = dev.result(std::move(outs[k]), grp.dtype, st);
     }
 
     ir::Function f_;

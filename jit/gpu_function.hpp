@@ -6,10 +6,11 @@
 // bf16 as the GEMM tile program (jit/gemm_programs.hpp, tensor cores for the half types),
 // layernorm, rmsnorm and their gradients as the norm programs (jit/norm_programs.hpp);
 // every other step (f64 and batched GEMMs, cross-attention, f64 norms, the rest) runs on the host
-// through the CPU tier's or the reference kernels. Tensors live on the host between
-// steps: each step uploads its inputs and downloads its outputs, so this checks GPU code
-// against the CPU tier rather than being fast. This header knows nothing of LLVM or of the
-// driver.
+// through the CPU tier's or the reference kernels. Within a call, a value is uploaded at most
+// once and a device result stays on the device for the device steps that read it; every
+// result is also downloaded (host steps may read it), and nothing stays on the device between
+// calls (parameters are uploaded again each call). Relpos applications upload their own
+// inputs. This header knows nothing of LLVM or of the driver.
 #pragma once
 #include "jit/ptx.hpp"
 
