@@ -15,6 +15,7 @@
 #include "tests/support/testing.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -23,7 +24,10 @@ namespace {
 
 using namespace rag::testing;
 namespace fs = std::filesystem;
-const fs::path root = RAG_SOURCE_DIR;
+// The source tree: where the build was configured, or $RAG_SOURCE_DIR (a build carried to a
+// GPU machine runs from another checkout).
+const fs::path root =
+    std::getenv("RAG_SOURCE_DIR") ? std::getenv("RAG_SOURCE_DIR") : RAG_SOURCE_DIR;
 
 #define SKIP_WITHOUT_DEVICE()                                                                      \
     if (!cuda::available()) {                                                                      \

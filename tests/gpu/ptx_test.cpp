@@ -8,6 +8,7 @@
 #include "tests/gpu/ptxas.hpp"
 #include "tests/support/testing.hpp"
 
+#include <cstdlib>
 #include <filesystem>
 
 namespace rag {
@@ -15,7 +16,10 @@ namespace {
 
 using namespace rag::testing;
 namespace fs = std::filesystem;
-const fs::path root = RAG_SOURCE_DIR;
+// The source tree: where the build was configured, or $RAG_SOURCE_DIR (a build carried to a
+// GPU machine runs from another checkout).
+const fs::path root =
+    std::getenv("RAG_SOURCE_DIR") ? std::getenv("RAG_SOURCE_DIR") : RAG_SOURCE_DIR;
 const char* const archs[] = {"sm_80", "sm_90"};
 
 const char* const no_ptxas = "SKIPPED: no ptxas (set RAG_PTXAS or CUDA_HOME); PTX not assembled";

@@ -45,7 +45,7 @@ done
 
 if [ -x bench/gpu/run.sh ]; then
   echo "== bench/gpu"
-  bench/gpu/run.sh "$BUILD"
+  bench/gpu/run.sh "$BUILD" ${RAG_GPU_BENCH_ARGS:-}
 else
   echo "== bench/gpu: not written yet (relative-position attention on the GPU is next)"
 fi
