@@ -75,10 +75,11 @@ std::int64_t GemmJob::grid() const {
 }
 
 std::optional<GemmJob> gemm_job(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
+    const bool weight_grad = n.op == "matmul_weight_grad";
+    if (!weight_grad && n.op != "matmul") return std::nullopt;
     const RaggedTensor& a = vals[std::size_t(n.args[0])];
     const RaggedTensor& b = vals[std::size_t(n.args[1])];
-    const bool weight_grad = n.op == "matmul_weight_grad";
-    if (!weight_grad && (n.op != "matmul" || b.shape().batched)) return std::nullopt;
+    if (!weight_grad && b.shape().batched) return std::nullopt;
     GemmJob job;
     job.dtype = n.type.dtype;
     job.a_transposed = weight_grad;

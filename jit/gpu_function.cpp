@@ -3,6 +3,7 @@
 #include "ir/interpreter.hpp"
 #include "jit/cpu_jit.hpp"
 #include "jit/gemm_programs.hpp"
+#include "jit/kir_emulator.hpp"
 #include "jit/kir_gpu.hpp"
 #include "jit/norm_programs.hpp"
 #include "jit/reduce_programs.hpp"
@@ -168,9 +169,14 @@ class RelposOnGpu {
 
 class CompiledGpu final : public GpuFunction {
   public:
-    explicit CompiledGpu(const ir::Function& f)
-        : f_(f), plan_(make_plan(f)), ptx_(fused_ptx(f, plan_, device_arch())), module_(ptx_.ptx) {
-        for (const PtxKernel& k : ptx_.kernels) kernels_.push_back(module_.kernel(k.name));
+    explicit CompiledGpu(const ir::Function& f) : f_(f), plan_(make_plan(f)) {
+        if (cuda::emulated()) { // the same kernels built for the host; no PTX
+            emulated_ = compile_fused_emulated(f_, plan_);
+            return;
+        }
+        ptx_ = fused_ptx(f_, plan_, device_arch());
+        module_ = std::make_unique<cuda::Module>(ptx_.ptx);
+        for (const PtxKernel& k : ptx_.kernels) kernels_.push_back(module_->kernel(k.name));
     }
 
     const PtxProgram& ptx() const override { return ptx_; }
@@ -257,16 +263,20 @@ class CompiledGpu final : public GpuFunction {
             params.push_back(&ptrs[grp.inputs.size() + k]);
         const std::int64_t blocks =
             std::min<std::int64_t>((n + kFusedBlock - 1) / kFusedBlock, 65535);
-        kernels_[g].launch(unsigned(blocks), kFusedBlock, params);
+        if (emulated_) // two blocks at most: the grid-stride loop is taken, the host is slow
+            emulated_->launch(g, unsigned(std::min<std::int64_t>(blocks, 2)), params);
+        else
+            kernels_[g].launch(unsigned(blocks), kFusedBlock, params);
         for (std::size_t k = 0; k < grp.outputs.size(); ++k)
             vals[std::size_t(grp.outputs[k])] = dev.result(std::move(outs[k]), grp.dtype, st);
     }
 
     ir::Function f_;
     Plan plan_;
-    PtxProgram ptx_;
-    cuda::Module module_;
+    PtxProgram ptx_; // empty on the emulated device
+    std::unique_ptr<cuda::Module> module_;
     std::vector<cuda::Kernel> kernels_;
+    std::unique_ptr<EmulatedFused> emulated_;
 };
 
 } // namespace

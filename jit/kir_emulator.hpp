@@ -15,6 +15,7 @@
 #pragma once
 #include "jit/kir.hpp"
 #include "jit/kir_cpu.hpp"
+#include "jit/plan.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -38,5 +39,17 @@ inline constexpr int kEmuTid = 0, kEmuNtid = 8, kEmuCtaid = 16, kEmuNctaid = 24,
 // interface, host pointers) runs `blocks` blocks (default: 2, fewer for smaller grids) so
 // that the grid-stride loop is taken.
 std::unique_ptr<CpuKernel> compile_kernel_emulated(const kir::Kernel& k, int blocks = 2);
+
+// The fused elementwise kernels of a plan (jit/ptx.hpp's ABI) built for the host with the
+// emulator's special registers. launch(group, blocks, params) takes cuLaunchKernel's
+// parameter array and runs every thread of every block in turn (these kernels have no
+// barriers), kFusedBlock threads per block.
+class EmulatedFused {
+  public:
+    virtual ~EmulatedFused() = default;
+    virtual void launch(std::size_t group, unsigned blocks,
+                        const std::vector<void*>& params) const = 0;
+};
+std::unique_ptr<EmulatedFused> compile_fused_emulated(const ir::Function& f, const Plan& plan);
 
 } // namespace rag::jit

@@ -1,6 +1,7 @@
 #include "jit/kir_gpu.hpp"
 
 #include "jit/gpu_function.hpp"
+#include "jit/kir_emulator.hpp"
 #include "jit/kir_nvptx.hpp"
 #include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
@@ -52,6 +53,27 @@ class LoadedKernel final : public GpuKernel {
     cuda::Kernel fn_;
 };
 
+// On the emulated device (cuda::emulated()): the same lowering built for the host, device
+// pointers being host addresses there.
+class EmulatedGpuKernel final : public GpuKernel {
+  public:
+    explicit EmulatedGpuKernel(kir::Kernel k)
+        : k_(std::move(k)), cpu_(compile_kernel_emulated(k_)) {}
+    const std::string& ptx() const override { return ptx_; }
+    const kir::Kernel& kernel() const override { return k_; }
+    void launch(std::int64_t grid, std::span<const std::uint64_t> buffers,
+                std::span<const std::int64_t> params) const override {
+        std::vector<void*> host;
+        for (std::uint64_t b : buffers) host.push_back(reinterpret_cast<void*>(std::uintptr_t(b)));
+        cpu_->launch(grid, host, params);
+    }
+
+  private:
+    kir::Kernel k_;
+    std::unique_ptr<CpuKernel> cpu_;
+    std::string ptx_; // none: nothing is lowered to PTX
+};
+
 } // namespace
 
 std::int64_t kir_gpu_blocks(std::int64_t grid, std::int64_t scratch_bytes, int multiprocessors) {
@@ -92,6 +114,7 @@ const GpuKernel& gpu_kernel(const std::string& key, const std::function<kir::Ker
     static std::map<std::string, std::unique_ptr<GpuKernel>> cache;
     std::lock_guard<std::mutex> lock(mu);
     auto& k = cache[key];
+    if (!k && cuda::emulated()) k = std::make_unique<EmulatedGpuKernel>(make());
     if (!k) k = std::make_unique<LoadedKernel>(make());
     return *k;
 }

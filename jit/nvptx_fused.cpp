@@ -1,5 +1,7 @@
 // The fused elementwise groups of a plan as NVPTX kernels (see jit/ptx.hpp for their ABI).
 #include "jit/elementwise_llvm.hpp"
+#include "jit/kir_emulator.hpp"
+#include "jit/llvm_jit.hpp"
 #include "jit/nvptx.hpp"
 #include "jit/ptx.hpp"
 #include "runtime/error.hpp"
@@ -7,21 +9,31 @@
 #include <llvm/AsmParser/Parser.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/IR/Verifier.h>
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/raw_ostream.h>
 
+#include <atomic>
 #include <map>
 #include <sstream>
 
 namespace rag::jit {
 namespace {
 
-llvm::Value* sreg(llvm::IRBuilder<>& b, llvm::Module& m, llvm::Intrinsic::ID id) {
+// A special register: the intrinsic, or in emulation (thread: the EmuThread* parameter) the
+// field at `emu_offset`.
+llvm::Value* sreg(llvm::IRBuilder<>& b, llvm::Module& m, llvm::Intrinsic::ID id,
+                  llvm::Value* thread, int emu_offset) {
+    if (thread)
+        return b.CreateLoad(b.getInt64Ty(),
+                            b.CreateConstGEP1_64(b.getInt8Ty(), thread, std::uint64_t(emu_offset)));
     return b.CreateZExt(b.CreateCall(llvm::Intrinsic::getDeclaration(&m, id)), b.getInt64Ty());
 }
 
-void emit_group_kernel(llvm::Module& m, const ir::Function& f, const FusedGroup& g,
-                       const std::string& name) {
+// The group's kernel; `emulated`: built for the host (jit/kir_emulator.hpp), with an EmuThread*
+// after the ABI's parameters and the host's math.
+llvm::Function* emit_group_kernel(llvm::Module& m, const ir::Function& f, const FusedGroup& g,
+                                  const std::string& name, bool emulated = false) {
     llvm::LLVMContext& ctx = m.getContext();
     llvm::IRBuilder<> b(ctx);
     llvm::Type* t = g.dtype == DType::f32 ? b.getFloatTy() : b.getDoubleTy();
@@ -33,9 +45,11 @@ void emit_group_kernel(llvm::Module& m, const ir::Function& f, const FusedGroup&
         params.push_back(i64);
     }
     for (std::size_t k = 0; k < g.outputs.size(); ++k) params.push_back(ptr);
+    if (emulated) params.push_back(ptr);
     auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), params, false),
                                       llvm::Function::ExternalLinkage, name, m);
-    mark_kernel(*fn, kFusedBlock);
+    llvm::Value* thread = emulated ? fn->getArg(fn->arg_size() - 1) : nullptr;
+    if (!emulated) mark_kernel(*fn, kFusedBlock);
     // Inputs are only read and outputs are fresh buffers: noalias lets NVPTX use the read-only
     // data cache (ld.global.nc) for the inputs.
     for (unsigned a = 1; a < fn->arg_size(); ++a)
@@ -49,12 +63,13 @@ void emit_group_kernel(llvm::Module& m, const ir::Function& f, const FusedGroup&
     auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
     b.SetInsertPoint(entry);
     llvm::Value* n = fn->getArg(0);
-    llvm::Value* ntid = sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x);
-    llvm::Value* first =
-        b.CreateAdd(b.CreateMul(sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x), ntid),
-                    sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
-    llvm::Value* stride =
-        b.CreateMul(ntid, sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x));
+    llvm::Value* ntid = sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x, thread, kEmuNtid);
+    llvm::Value* first = b.CreateAdd(
+        b.CreateMul(sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x, thread, kEmuCtaid),
+                    ntid),
+        sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, thread, kEmuTid));
+    llvm::Value* stride = b.CreateMul(
+        ntid, sreg(b, m, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x, thread, kEmuNctaid));
     b.CreateBr(loop);
     b.SetInsertPoint(loop);
     auto* i = b.CreatePHI(i64, 2);
@@ -74,7 +89,7 @@ void emit_group_kernel(llvm::Module& m, const ir::Function& f, const FusedGroup&
         const ir::Node& node = f.nodes[std::size_t(v)];
         std::vector<llvm::Value*> args;
         for (int a : node.args) args.push_back(vals.at(a));
-        vals[v] = emit_elementwise(b, m, libdevice_math(), node, args, t);
+        vals[v] = emit_elementwise(b, m, emulated ? host_math() : libdevice_math(), node, args, t);
     }
     const unsigned out0 = unsigned(1 + 2 * g.inputs.size());
     for (std::size_t k = 0; k < g.outputs.size(); ++k)
@@ -83,7 +98,61 @@ void emit_group_kernel(llvm::Module& m, const ir::Function& f, const FusedGroup&
     b.CreateBr(loop);
     b.SetInsertPoint(exit);
     b.CreateRetVoid();
+    return fn;
 }
+
+using EmuEntry = void (*)(void* const* params, EmuThread* thread);
+
+// The fused kernels built for the host: each behind a wrapper taking cuLaunchKernel's
+// parameter array, so one launch runs as it would on the device, thread by thread.
+class CompiledEmulatedFused final : public EmulatedFused {
+  public:
+    CompiledEmulatedFused(const ir::Function& f, const Plan& plan) {
+        static std::atomic<int> counter{0};
+        const std::string prefix = "emu_fused_" + std::to_string(counter++) + "_";
+        auto ctx = std::make_unique<llvm::LLVMContext>();
+        auto m = new_module(prefix, *ctx);
+        for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+            llvm::Function* k =
+                emit_group_kernel(*m, f, plan.groups[g], prefix + "k" + std::to_string(g), true);
+            llvm::IRBuilder<> b(*ctx);
+            auto* ptr = llvm::PointerType::get(*ctx, 0);
+            auto* w = llvm::Function::Create(
+                llvm::FunctionType::get(b.getVoidTy(), {ptr, ptr}, false),
+                llvm::Function::ExternalLinkage, prefix + std::to_string(g), *m);
+            b.SetInsertPoint(llvm::BasicBlock::Create(*ctx, "entry", w));
+            std::vector<llvm::Value*> args;
+            for (unsigned a = 0; a + 1 < k->arg_size(); ++a) {
+                llvm::Value* at = b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, w->getArg(0), a));
+                args.push_back(b.CreateLoad(k->getArg(a)->getType(), at));
+            }
+            args.push_back(w->getArg(1));
+            b.CreateCall(k, args);
+            b.CreateRetVoid();
+        }
+        std::string err;
+        llvm::raw_string_ostream es(err);
+        if (llvm::verifyModule(*m, &es))
+            fail("internal: emulated fused kernels are invalid LLVM IR: ", es.str());
+        for (void* e : add_module(std::move(m), std::move(ctx), plan.groups.size(), prefix, nullptr,
+                                  &tracker_))
+            entries_.push_back(reinterpret_cast<EmuEntry>(e));
+    }
+    ~CompiledEmulatedFused() override { remove_module(tracker_); }
+
+    void launch(std::size_t group, unsigned blocks,
+                const std::vector<void*>& params) const override {
+        for (unsigned blk = 0; blk < blocks; ++blk)
+            for (int tid = 0; tid < kFusedBlock; ++tid) {
+                EmuThread t{tid, kFusedBlock, blk, blocks, nullptr, nullptr, nullptr};
+                entries_.at(group)(params.data(), &t);
+            }
+    }
+
+  private:
+    std::vector<EmuEntry> entries_;
+    llvm::orc::ResourceTrackerSP tracker_;
+};
 
 // PTX identifiers: letters, digits, _ and $.
 std::string ptx_identifier(const std::string& s) {
@@ -112,6 +181,10 @@ PtxProgram fused_ptx(const ir::Function& f, const Plan& plan, const std::string&
     }
     out.ptx = compile_ptx(*m, PtxOptions{arch, ftz});
     return out;
+}
+
+std::unique_ptr<EmulatedFused> compile_fused_emulated(const ir::Function& f, const Plan& plan) {
+    return std::make_unique<CompiledEmulatedFused>(f, plan);
 }
 
 std::string ptx_from_llvm_ir(const std::string& ir, const std::string& arch, bool ftz) {

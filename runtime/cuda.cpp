@@ -5,8 +5,12 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 
 namespace rag::cuda {
 namespace {
@@ -75,9 +79,14 @@ void check(const State& s, CUresult r, const char* what) {
 
 // Device 0 with its primary context and one non-blocking stream. Lives until exit: buffers
 // and modules may be released during static destruction, when the driver must still be there.
+// Emulated: host memory, no driver.
 State& state() {
     static State* s = [] {
         auto* st = new State;
+        if (emulated()) {
+            st->info = {"emulated GPU (host CPU)", 9, 0, 2, 0, 0};
+            return st;
+        }
         st->reason = open_driver({"libcuda.so.1", "libcuda.so"}, st->api);
         if (!st->reason.empty()) return st;
         try {
@@ -117,7 +126,7 @@ State& ready() {
     State& s = state();
     if (!s.reason.empty())
         fail("CUDA unavailable: ", s.reason, ". Run on the CPU (the default device) instead.");
-    thread_local bool current = false;
+    thread_local bool current = emulated();
     if (!current) {
         check(s, s.api.cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
         current = true;
@@ -132,16 +141,36 @@ std::size_t size_class(std::size_t bytes) {
     return (bytes + step - 1) / step * step;
 }
 
+// Emulated device memory: host blocks, aligned like the driver's.
+constexpr std::align_val_t kDeviceAlign{256};
+CUdeviceptr host_alloc(std::size_t bytes) {
+    return CUdeviceptr(reinterpret_cast<std::uintptr_t>(::operator new(bytes, kDeviceAlign)));
+}
+void* host_ptr(CUdeviceptr p) {
+    return reinterpret_cast<void*>(std::uintptr_t(p));
+}
+
 void release_cached_locked(State& s) {
     for (auto& [size, blocks] : s.cached)
         for (CUdeviceptr p : blocks) {
-            s.api.cuMemFree(p); // nothing useful to do on failure while releasing
+            if (emulated())
+                ::operator delete(host_ptr(p), kDeviceAlign);
+            else
+                s.api.cuMemFree(p); // nothing useful to do on failure while releasing
             s.stats.cached -= size;
         }
     s.cached.clear();
 }
 
 } // namespace
+
+bool emulated() {
+    static const bool on = [] {
+        const char* e = std::getenv("RAG_GPU_EMULATE");
+        return e && *e && std::string(e) != "0";
+    }();
+    return on;
+}
 
 bool available() {
     return state().reason.empty();
@@ -169,6 +198,8 @@ Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
         ptr_ = it->second.back();
         it->second.pop_back();
         s.stats.cached -= block_;
+    } else if (emulated()) {
+        ptr_ = host_alloc(block_);
     } else {
         CUdeviceptr p = 0;
         CUresult r = s.api.cuMemAlloc(&p, block_);
@@ -215,6 +246,10 @@ void upload(const Buffer& dst, const void* src, std::size_t bytes) {
     if (bytes > dst.bytes()) fail("CUDA: upload of ", bytes, " bytes into ", dst.bytes());
     if (bytes == 0) return;
     State& s = ready();
+    if (emulated()) {
+        std::memcpy(host_ptr(dst.ptr()), src, bytes);
+        return;
+    }
     check(s, s.api.cuMemcpyHtoDAsync(dst.ptr(), src, bytes, s.stream), "cuMemcpyHtoDAsync");
     // The source may be freed as soon as we return (pageable memory is staged by the driver,
     // but not necessarily before the call returns).
@@ -225,6 +260,10 @@ void download(void* dst, const Buffer& src, std::size_t bytes) {
     if (bytes > src.bytes()) fail("CUDA: download of ", bytes, " bytes from ", src.bytes());
     if (bytes == 0) return;
     State& s = ready();
+    if (emulated()) {
+        std::memcpy(dst, host_ptr(src.ptr()), bytes);
+        return;
+    }
     check(s, s.api.cuMemcpyDtoHAsync(dst, src.ptr(), bytes, s.stream), "cuMemcpyDtoHAsync");
     check(s, s.api.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
 }
@@ -232,11 +271,16 @@ void download(void* dst, const Buffer& src, std::size_t bytes) {
 void zero(const Buffer& dst) {
     if (dst.bytes() == 0) return;
     State& s = ready();
+    if (emulated()) {
+        std::memset(host_ptr(dst.ptr()), 0, dst.bytes());
+        return;
+    }
     check(s, s.api.cuMemsetD8Async(dst.ptr(), 0, dst.bytes(), s.stream), "cuMemsetD8Async");
 }
 
 void synchronize() {
     State& s = ready();
+    if (emulated()) return;
     check(s, s.api.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
 }
 
@@ -261,6 +305,7 @@ void release_cached() {
 
 Module::Module(const std::string& ptx) {
     State& s = ready();
+    if (emulated()) fail("CUDA (emulated device): PTX does not run on the emulated device");
     std::string log(std::size_t(1) << 20, '\0'); // the driver's JIT error log, 1 MiB
     CUjit_option opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     void* vals[] = {log.data(), reinterpret_cast<void*>(log.size())};
@@ -308,6 +353,12 @@ void Kernel::launch3(const unsigned grid[3], const unsigned block[3],
 
 double time_ms(const std::function<void()>& f) {
     State& s = ready();
+    if (emulated()) { // host time: the emulated kernels run synchronously
+        const auto start = std::chrono::steady_clock::now();
+        f();
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count();
+    }
     CUevent start = nullptr, stop = nullptr;
     check(s, s.api.cuEventCreate(&start, 0), "cuEventCreate");
     check(s, s.api.cuEventCreate(&stop, 0), "cuEventCreate");

@@ -12,8 +12,14 @@
 
 namespace rag::cuda {
 
-// Whether the driver loaded, initialised and found a device. Never throws; probed once.
+// Whether the driver loaded, initialised and found a device (or the device is emulated).
+// Never throws; probed once.
 bool available();
+// RAG_GPU_EMULATE=1 (read once): an emulated device for tests without a GPU. Device memory
+// is host memory and copies are memcpy; PTX modules do not load: the GPU tier and the
+// kernel-IR launcher run their kernels through the device emulator (jit/kir_emulator.hpp)
+// instead.
+bool emulated();
 std::string unavailable_reason(); // empty when available
 
 // Probes a specific driver library (for tests: a stub or a missing file); does not touch the

@@ -149,6 +149,8 @@ TEST(GemmProgram, TakesOnlyUnbatchedWeightsAndWeightGradients) {
     const RaggedTensor y = random_batch(DType::f32, "~N, 4", shapes_for("~N, 4", {{3}, {2}}));
     const ir::Node add{"add", {0, 1}, {}, x.schema(), ""};
     EXPECT_FALSE(jit::gemm_job(add, {x, y}).has_value());
+    const ir::Node neg{"neg", {0}, {}, x.schema(), ""}; // one argument: not even looked at
+    EXPECT_FALSE(jit::gemm_job(neg, {x}).has_value());
 }
 
 std::size_t count(const std::string& s, const std::string& what) {
