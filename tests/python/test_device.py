@@ -42,3 +42,27 @@ def test_bad_device_arguments_are_errors():
         rag.compile(SRC, device="tpu")
     with pytest.raises(rag.Error, match="device='cuda' runs compiled code"):
         rag.compile(SRC, tier="interpreter", device="cuda")
+
+
+def test_cuda_on_the_emulated_device_matches_the_cpu():
+    """RAG_GPU_EMULATE=1 (read once per process, hence a child process): device='cuda' runs
+    the GPU tier on the emulated device, whose results match the CPU's."""
+    import os
+    import subprocess
+    import sys
+
+    child = f"""
+import numpy as np, rag
+SRC = {SRC!r}
+m, cpu = rag.compile(SRC, device="cuda"), rag.compile(SRC)
+assert m.device == "cuda" and m.tier == "gpu"
+rng = np.random.default_rng(0)
+x = rag.ragged([rng.standard_normal((n, 4)).astype(np.float32) for n in (3, 0, 70)])
+for fn in ("f", "g"):
+    for a, b in zip(getattr(m, fn)(x).to_list(), getattr(cpu, fn)(x).to_list()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+print("ok")
+"""
+    env = dict(os.environ, RAG_GPU_EMULATE="1")
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
