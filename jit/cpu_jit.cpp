@@ -20,8 +20,6 @@
 
 #include <cblas.h>
 #include <llvm/IR/IRBuilder.h>
-#include <llvm/IR/Verifier.h>
-#include <llvm/Support/raw_ostream.h>
 
 #include <atomic>
 #include <map>
@@ -192,10 +190,6 @@ class CompiledCpu final : public CpuFunction {
         auto m = new_module(prefix + f.name, *ctx);
         for (std::size_t g = 0; g < plan_.groups.size(); ++g)
             GroupEmitter(*m, f_, plan_.groups[g]).emit(prefix + std::to_string(g));
-        std::string err;
-        llvm::raw_string_ostream es(err);
-        if (llvm::verifyModule(*m, &es))
-            fail("internal: the CPU JIT built invalid LLVM IR: ", es.str());
         for (void* k :
              add_module(std::move(m), std::move(ctx), plan_.groups.size(), prefix, &ir_, &tracker_))
             kernels_.push_back(reinterpret_cast<Kernel>(k));

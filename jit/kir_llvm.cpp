@@ -8,7 +8,6 @@
 
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/MDBuilder.h>
-#include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/TargetParser/Host.h>
 #include <llvm/Transforms/Utils/ModuleUtils.h>
@@ -446,10 +445,6 @@ class CompiledCpuKernel final : public CpuKernel {
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module(name, *ctx);
         CpuLowering(*m, k_).build(name + "0");
-        std::string err;
-        llvm::raw_string_ostream es(err);
-        if (llvm::verifyModule(*m, &es))
-            fail("internal: kernel ", k.name, " lowered to invalid LLVM IR: ", es.str());
         entry_ = reinterpret_cast<Entry>(
             add_module(std::move(m), std::move(ctx), 1, name, &ir_, &tracker_).at(0));
         dump();

@@ -6,6 +6,7 @@
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/IR/Verifier.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/DynamicLibrary.h>
 #include <llvm/Support/TargetSelect.h>
@@ -98,6 +99,10 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> m,
                               std::unique_ptr<llvm::LLVMContext> ctx, std::size_t count,
                               const std::string& prefix, std::string* ir,
                               llvm::orc::ResourceTrackerSP* tracker) {
+    std::string err;
+    llvm::raw_string_ostream es(err);
+    if (llvm::verifyModule(*m, &es))
+        fail("internal: module ", m->getName().str(), " is invalid LLVM IR: ", es.str());
     Jit& j = jit();
     std::lock_guard<std::mutex> lock(j.mu);
     optimise(*m, *j.tm);

@@ -13,7 +13,8 @@ namespace rag::jit {
 // A module with the host's data layout and triple.
 std::unique_ptr<llvm::Module> new_module(const std::string& name, llvm::LLVMContext& ctx);
 
-// Optimises `m` (O3 for the host, libmvec as the vector library) and adds it to the JIT.
+// Verifies `m` (invalid IR is an internal rag::Error naming the module), optimises it (O3 for
+// the host, libmvec as the vector library) and adds it to the JIT.
 // Returns the addresses of the functions prefix0 .. prefix{count-1}; optionally the optimised
 // IR text and the tracker that removes the module again. LLVM failures become rag::Error.
 std::vector<void*> add_module(std::unique_ptr<llvm::Module> m,

@@ -7,8 +7,6 @@
 #include "runtime/parallel.hpp"
 
 #include <llvm/IR/Intrinsics.h>
-#include <llvm/IR/Verifier.h>
-#include <llvm/Support/raw_ostream.h>
 
 #include <mutex>
 
@@ -154,9 +152,6 @@ RowKernel kernel(bool f32, Which which) {
         auto m = new_module("rag_rowwise", *ctx);
         for (int k = 0; k < 8; ++k)
             emit(*m, "rag_rowwise_" + std::to_string(k), k & 1, Which(k >> 1));
-        std::string err;
-        llvm::raw_string_ostream es(err);
-        if (llvm::verifyModule(*m, &es)) fail("internal: rowwise kernels: ", es.str());
         auto addrs = add_module(std::move(m), std::move(ctx), 8, "rag_rowwise_");
         for (int k = 0; k < 8; ++k) table[k] = reinterpret_cast<RowKernel>(addrs[std::size_t(k)]);
     });

@@ -9,7 +9,6 @@
 
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
 
 #include <algorithm>
 #include <cmath>
@@ -109,9 +108,6 @@ SegKernel kernel(bool f32, bool expand, bool mean) {
         auto m = new_module("rag_segmented", *ctx);
         for (int k = 0; k < 8; ++k)
             emit_kernel(*m, "rag_segmented_" + std::to_string(k), k & 1, k & 2, k & 4);
-        std::string err;
-        llvm::raw_string_ostream es(err);
-        if (llvm::verifyModule(*m, &es)) fail("internal: segmented kernels: ", es.str());
         auto addrs = add_module(std::move(m), std::move(ctx), 8, "rag_segmented_");
         for (int k = 0; k < 8; ++k) table[k] = reinterpret_cast<SegKernel>(addrs[std::size_t(k)]);
     });
@@ -531,9 +527,6 @@ LineKernel line_kernel(bool f32, LineOp op, const std::string** ir = nullptr) {
         auto m = new_module("rag_lines", *ctx);
         for (int k = 0; k < 2 * line_ops; ++k)
             emit_line_kernel(*m, "rag_lines_" + std::to_string(k), k & 1, LineOp(k / 2));
-        std::string err;
-        llvm::raw_string_ostream es(err);
-        if (llvm::verifyModule(*m, &es)) fail("internal: line kernels: ", es.str());
         auto addrs = add_module(std::move(m), std::move(ctx), 2 * line_ops, "rag_lines_", &text);
         for (int k = 0; k < 2 * line_ops; ++k)
             table[k] = reinterpret_cast<LineKernel>(addrs[std::size_t(k)]);

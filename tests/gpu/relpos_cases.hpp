@@ -1,6 +1,6 @@
 // Test inputs shared by the GPU execution tests and the emulator tests: the four
 // relative-position mechanisms of REFERENCE.md section 2 with small map parameters, random
-// inputs for them, and the relative L2 distance used to compare tiers.
+// inputs for them.
 #pragma once
 #include "tests/support/testing.hpp"
 
@@ -9,16 +9,6 @@
 #include <vector>
 
 namespace rag::testing {
-
-inline double rel_l2(const RaggedTensor& a, const RaggedTensor& b) {
-    auto x = a.to_f64(), y = b.to_f64();
-    double num = 0, den = 0;
-    for (std::size_t k = 0; k < x.size(); ++k) {
-        num += (x[k] - y[k]) * (x[k] - y[k]);
-        den += y[k] * y[k];
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 
 // One relative-position mechanism of REFERENCE.md section 2 with small map parameters, so
 // that saturated and band tiles both occur at these lengths.

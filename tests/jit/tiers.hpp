@@ -3,23 +3,13 @@
 #pragma once
 #include "ir/interpreter.hpp"
 #include "jit/cpu_jit.hpp"
+#include "tests/support/testing.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 namespace rag::testing {
-
-inline double rel_l2(const RaggedTensor& a, const RaggedTensor& b) {
-    auto x = a.to_f64(), y = b.to_f64();
-    double num = 0, den = 0;
-    for (std::size_t k = 0; k < x.size(); ++k) {
-        if (x[k] == y[k] && !std::isfinite(y[k])) continue; // the same infinity (an empty max)
-        num += (x[k] - y[k]) * (x[k] - y[k]);
-        den += y[k] * y[k];
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 
 inline void expect_tiers_agree(const ir::Function& f, const std::vector<RaggedTensor>& in,
                                double tol = 1e-5) {

@@ -16,16 +16,6 @@ using namespace rag::testing;
 namespace fs = std::filesystem;
 const fs::path root = RAG_SOURCE_DIR;
 
-double rel_l2(const RaggedTensor& a, const RaggedTensor& b) {
-    auto x = a.to_f64(), y = b.to_f64();
-    double num = 0, den = 0;
-    for (std::size_t k = 0; k < x.size(); ++k) {
-        num += (x[k] - y[k]) * (x[k] - y[k]);
-        den += y[k] * y[k];
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 std::vector<RaggedTensor> tensors(const Value& v) {
     std::vector<RaggedTensor> out;
     if (v.kind == Value::Kind::tensor) out.push_back(v.tensor);

@@ -148,6 +148,17 @@ RaggedTensor random_for(const Schema& s, const std::vector<std::int64_t>& length
     return ::testing::AssertionSuccess();
 }
 
+double rel_l2(const RaggedTensor& a, const RaggedTensor& b) {
+    auto x = a.to_f64(), y = b.to_f64();
+    double num = 0, den = 0;
+    for (std::size_t k = 0; k < x.size(); ++k) {
+        if (x[k] == y[k] && !std::isfinite(y[k])) continue; // the same infinity (an empty max)
+        num += (x[k] - y[k]) * (x[k] - y[k]);
+        den += y[k] * y[k];
+    }
+    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
 std::vector<Nd> samples(const RaggedTensor& t) {
     std::vector<Nd> out;
     for (const auto& a : t.to_list()) out.push_back(Nd::of(a));

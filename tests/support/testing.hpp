@@ -61,6 +61,8 @@ RaggedTensor random_for(const Schema& s, const std::vector<std::int64_t>& length
 ::testing::AssertionResult samples_close(const RaggedTensor& t, const std::vector<Nd>& want,
                                          double atol = 1e-9, double rtol = 1e-9);
 std::vector<Nd> samples(const RaggedTensor& t);
+// |a - b| / |b| over all elements (|a - b| when b is zero; equal infinities count as equal).
+double rel_l2(const RaggedTensor& a, const RaggedTensor& b);
 
 // Checks op's VJP for every floating input against float64 central differences of
 // <w, op(args)> with a random cotangent w. Inputs must be f64. Checks at most `max_probes`
