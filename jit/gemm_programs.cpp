@@ -2,12 +2,14 @@
 
 #include "runtime/error.hpp"
 
+#include <algorithm>
+
 namespace rag::jit {
 
 using kir::Expr;
 using kir::Loop;
 
-kir::Kernel gemm_program(DType t) {
+kir::Kernel gemm_program(DType t, bool partial) {
     kir::Elem e = kir::Elem::f32;
     kir::Precision p = kir::Precision::f32;
     if (t == DType::f16) {
@@ -19,17 +21,22 @@ kir::Kernel gemm_program(DType t) {
     } else if (t != DType::f32) {
         fail("internal: gemm_program takes f32, f16 or bf16, not ", dtype_name(t));
     }
-    kir::Builder b(std::string("gemm_").append(dtype_name(t)));
+    kir::Builder b(std::string(partial ? "gemm_partial_" : "gemm_").append(dtype_name(t)));
     Expr M = b.param("M"), N = b.param("N"), K = b.param("K");
     Expr a_row = b.param("a_row"), a_col = b.param("a_col");
     Expr b_row = b.param("b_row"), b_col = b.param("b_col");
-    const int a = b.buffer("a", e), bb = b.buffer("b", e), c = b.buffer("c", e);
+    Expr Kc = b.param("Kc");
+    const int a = b.buffer("a", e), bb = b.buffer("b", e);
+    const int c = b.buffer("c", partial ? kir::Elem::f32 : e);
     const int As = b.shared("As", kTileM * kTileK); // [i][l]
     const int Bs = b.shared("Bs", kTileK * kTileN); // [l][j]
     const int Cs = b.shared("Cs", kTileM * kTileN); // [i][j]
     Expr tiles_n = b.let(kir::ceil_div(N, kTileN), "tiles_n");
-    Expr i0 = b.let(b.pid() / tiles_n * kTileM, "i0");
-    Expr j0 = b.let(b.pid() % tiles_n * kTileN, "j0");
+    Expr tiles = b.let(kir::ceil_div(M, kTileM) * tiles_n, "tiles");
+    Expr split = b.let(b.pid() / tiles, "split"), tile = b.let(b.pid() % tiles, "tile");
+    Expr i0 = b.let(tile / tiles_n * kTileM, "i0");
+    Expr j0 = b.let(tile % tiles_n * kTileN, "j0");
+    Expr k0 = b.let(split * Kc, "k0"), k1 = b.let(min(K, k0 + Kc), "k1");
     b.loop(
         0, kTileM * kTileN, [&](Expr x) { b.store(Cs, x, 0.0); }, Loop::threads);
     // One slice of an operand into shared memory: element x of a rows x cols slice is
@@ -47,10 +54,10 @@ kir::Kernel gemm_program(DType t) {
             },
             Loop::threads);
     };
-    b.loop(0, kir::ceil_div(K, kTileK), [&](Expr slice) {
-        Expr l0 = b.let(slice * kTileK, "l0");
-        stage(As, a, kTileM, kTileK, i0, l0, M, K, a_row, a_col);
-        stage(Bs, bb, kTileK, kTileN, l0, j0, K, N, b_row, b_col);
+    b.loop(0, kir::ceil_div(max(k1 - k0, Expr(0)), kTileK), [&](Expr slice) {
+        Expr l0 = b.let(k0 + slice * kTileK, "l0");
+        stage(As, a, kTileM, kTileK, i0, l0, M, k1, a_row, a_col);
+        stage(Bs, bb, kTileK, kTileN, l0, j0, k1, N, b_row, b_col);
         b.mma({Cs, 0, kTileN, 1}, {As, 0, kTileK, 1}, {Bs, 0, kTileN, 1}, kTileM, kTileN, kTileK,
               p);
     });
@@ -58,7 +65,8 @@ kir::Kernel gemm_program(DType t) {
         0, kTileM * kTileN,
         [&](Expr x) {
             Expr i = b.let(i0 + x / kTileN, "i"), j = b.let(j0 + x % kTileN, "j");
-            b.when(i < M && j < N, [&] { b.store(c, i * N + j, b.load(Cs, x)); });
+            Expr at = partial ? split * M * N + i * N + j : i * N + j;
+            b.when(i < M && j < N, [&] { b.store(c, at, b.load(Cs, x)); });
         },
         Loop::threads);
     return b.finish();
@@ -67,11 +75,22 @@ kir::Kernel gemm_program(DType t) {
 std::vector<std::int64_t> GemmJob::params() const {
     // A(i, l): x[l][i] of the [K, M] packed rows when transposed, else x[i][l] of [M, K].
     const std::int64_t a_row = a_transposed ? 1 : K, a_col = a_transposed ? M : 1;
-    return {M, N, K, a_row, a_col, N, 1};
+    return {M, N, K, a_row, a_col, N, 1, Kc()};
 }
 
-std::int64_t GemmJob::grid() const {
+std::int64_t GemmJob::tiles() const {
     return (M + kTileM - 1) / kTileM * ((N + kTileN - 1) / kTileN);
+}
+
+std::int64_t GemmJob::Kc() const {
+    const std::int64_t per = (K + splits - 1) / std::max<std::int64_t>(splits, 1);
+    return std::max<std::int64_t>((per + kTileK - 1) / kTileK * kTileK, kTileK);
+}
+
+void GemmJob::split_for(int multiprocessors) {
+    // Enough instances for two per multiprocessor, each summing at least 8 slices of K.
+    const std::int64_t want = (2 * std::int64_t(multiprocessors) + tiles() - 1) / tiles();
+    splits = std::clamp<std::int64_t>(std::min(want, K / (8 * kTileK)), 1, 64);
 }
 
 std::optional<GemmJob> gemm_job(const ir::Node& n, const std::vector<RaggedTensor>& vals) {

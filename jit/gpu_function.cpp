@@ -90,12 +90,26 @@ bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor
         vals[i] = RaggedTensor::zeros(t, job->out);
         return true;
     }
+    job->split_for(cuda::device().multiprocessors);
+    const bool split = job->splits > 1;
     const GpuKernel& k =
-        gpu_kernel(std::string("gemm/").append(dtype_name(t)), [t] { return gemm_program(t); });
-    cuda::Buffer c = device_buffer(std::size_t(job->M * job->N) * dtype_size(t));
+        gpu_kernel(std::string(split ? "gemm_partial/" : "gemm/").append(dtype_name(t)),
+                   [t, split] { return gemm_program(t, split); });
+    const std::int64_t mn = job->M * job->N;
+    cuda::Buffer c = device_buffer(std::size_t(mn) * dtype_size(t));
+    // Split K: f32 partials per split, summed in split order (no atomics).
+    cuda::Buffer part = split ? device_buffer(std::size_t(job->splits * mn) * 4) : cuda::Buffer();
     const std::uint64_t ptrs[] = {dev.of(vals[std::size_t(n.args[0])]).ptr(),
-                                  dev.of(vals[std::size_t(n.args[1])]).ptr(), c.ptr()};
+                                  dev.of(vals[std::size_t(n.args[1])]).ptr(),
+                                  split ? part.ptr() : c.ptr()};
     k.launch(job->grid(), ptrs, job->params());
+    if (split) {
+        const GpuKernel& sums = gpu_kernel("sums/" + std::string(dtype_name(t)),
+                                           [t] { return column_sums_program(t); });
+        const std::uint64_t sp[] = {part.ptr(), c.ptr()};
+        const std::int64_t pp[] = {job->splits, mn};
+        sums.launch(column_sums_grid(mn), sp, pp);
+    }
     vals[i] = dev.result(std::move(c), t, job->out);
     return true;
 }
@@ -134,14 +148,14 @@ bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also
     }
     // dx, then dg and db: the partials summed over instances in order.
     std::vector<RaggedTensor> grads = {first};
-    const GpuKernel& sums = gpu_kernel("norm/sums/" + std::string(dtype_name(t)),
-                                       [t] { return column_sums_program(t); });
+    const GpuKernel& sums =
+        gpu_kernel("sums/" + std::string(dtype_name(t)), [t] { return column_sums_program(t); });
     const StructurePtr& param = job->inputs[1].structure_ptr();
     for (int p = 0; p < parts; ++p) {
         cuda::Buffer sum = device_buffer(std::size_t(job->C) * dtype_size(t));
         const std::uint64_t sp[] = {part[std::size_t(p)].ptr(), sum.ptr()};
         const std::int64_t pp[] = {job->grid(), job->C};
-        sums.launch(job->C, sp, pp);
+        sums.launch(column_sums_grid(job->C), sp, pp);
         grads.push_back(dev.result(std::move(sum), t, param));
     }
     for (const auto& [node, wrt] : job->wants) vals[std::size_t(node)] = grads.at(std::size_t(wrt));

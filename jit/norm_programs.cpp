@@ -113,10 +113,15 @@ kir::Kernel column_sums_program(DType t) {
     kir::Builder b("column_sums_" + std::string(dtype_name(t)));
     Expr P = b.param("P"), C = b.param("C");
     const int part = b.buffer("part", kir::Elem::f32), out = b.buffer("out", elem(t));
-    Expr c = b.let(b.pid(), "c");
-    int sum = b.var(Type::f32, 0.0);
-    b.loop(0, P, [&](Expr p) { b.set(sum, b.get(sum) + b.load(part, p * C + c)); });
-    b.store(out, c, b.get(sum));
+    Expr c0 = b.let(b.pid() * kSumColumns, "c0");
+    b.loop(
+        c0, min(C, c0 + kSumColumns),
+        [&](Expr c) {
+            int sum = b.var(Type::f32, 0.0);
+            b.loop(0, P, [&](Expr p) { b.set(sum, b.get(sum) + b.load(part, p * C + c)); });
+            b.store(out, c, b.get(sum));
+        },
+        Loop::threads);
     return b.finish();
 }
 

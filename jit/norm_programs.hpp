@@ -25,8 +25,12 @@ enum class NormOp : std::uint8_t {
 // The program of `op` for data of dtype t (f32, f16, bf16); parameters R (rows), C.
 kir::Kernel norm_program(NormOp op, DType t, double eps);
 // out[c] = sum over p < P of part[p * C + c], in p order (f32); parameters P, C; buffers
-// part, out (out of dtype t).
+// part, out (out of dtype t). Instance k sums columns [k, k + 1) kSumColumns, one per thread.
+inline constexpr std::int64_t kSumColumns = 128;
 kir::Kernel column_sums_program(DType t);
+inline std::int64_t column_sums_grid(std::int64_t C) {
+    return (C + kSumColumns - 1) / kSumColumns;
+}
 
 // A normalisation step: node i of f and its sibling gradient nodes (`also`), with what a launch
 // needs. nullopt when the data is not f32, f16 or bf16 or the operands' structures disagree

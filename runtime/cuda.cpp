@@ -84,7 +84,8 @@ State& state() {
     static State* s = [] {
         auto* st = new State;
         if (emulated()) {
-            st->info = {"emulated GPU (host CPU)", 9, 0, 2, 0, 0};
+            // 8 multiprocessors: enough that launch sizing (split-K) is exercised.
+            st->info = {"emulated GPU (host CPU)", 9, 0, 8, 0, 0};
             return st;
         }
         st->reason = open_driver({"libcuda.so.1", "libcuda.so"}, st->api);

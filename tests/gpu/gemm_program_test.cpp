@@ -9,6 +9,7 @@
 #include "jit/kir_cpu.hpp"
 #include "jit/kir_gpu.hpp"
 #include "jit/kir_nvptx.hpp"
+#include "jit/norm_programs.hpp"
 #include "runtime/cuda.hpp"
 #include "tests/gpu/ptxas.hpp"
 #include "tests/support/testing.hpp"
@@ -88,6 +89,49 @@ TEST(GemmProgram, MatchesFloat64ProductsOfTheStoredValues) {
 
 // The GEMM steps of a function as the GPU tier launches them (gemm_job), on ragged rows with
 // an empty sample, against the reference kernels.
+// Split K: per-split f32 partials summed in split order (column_sums_program) give the
+// product, and split_for splits only what has too few tiles.
+TEST(GemmProgram, SplitKPartialsSumToTheProduct) {
+    for (DType t : gemm_dtypes)
+        for (std::int64_t splits : {2, 3, 7}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + " splits " + std::to_string(splits));
+            Operands o = random_operands(t, 70, 33, 500, true);
+            o.job.splits = splits;
+            std::vector<float> part(std::size_t(splits * 70 * 33), NAN);
+            std::vector<void*> bufs = {const_cast<void*>(o.a.data()), const_cast<void*>(o.b.data()),
+                                       part.data()};
+            jit::compile_kernel_cpu(jit::gemm_program(t, true))
+                ->launch(o.job.grid(), bufs, o.job.params());
+            void* sb[] = {part.data(), o.c.mutable_data()};
+            const std::int64_t sp[] = {splits, 70 * 33};
+            jit::compile_kernel_cpu(jit::column_sums_program(t))
+                ->launch(jit::column_sums_grid(70 * 33), sb, sp);
+            const auto av = o.a.to_f64(), bv = o.b.to_f64(), cv = o.c.to_f64();
+            for (std::int64_t i = 0; i < 70; ++i)
+                for (std::int64_t j = 0; j < 33; ++j) {
+                    double want = 0, mag = 0;
+                    for (std::int64_t l = 0; l < 500; ++l) {
+                        const double p = av[std::size_t(l * 70 + i)] * bv[std::size_t(l * 33 + j)];
+                        want += p;
+                        mag += std::abs(p);
+                    }
+                    ASSERT_NEAR(cv[std::size_t(i * 33 + j)], want, tolerance(t, want, mag));
+                }
+        }
+    jit::GemmJob w; // a weight gradient: [128, 128] over 16384 rows
+    w.M = w.N = 128;
+    w.K = 16384;
+    w.split_for(132);
+    EXPECT_EQ(w.splits, 64); // 66 would fill the device; at least 8 slices each allows 64
+    EXPECT_EQ(w.Kc(), 256);
+    jit::GemmJob x; // x @ W over many rows: tiles enough
+    x.M = 16384;
+    x.N = x.K = 128;
+    x.split_for(132);
+    EXPECT_EQ(x.splits, 1);
+    EXPECT_GE(x.Kc(), x.K);
+}
+
 TEST(GemmProgram, FunctionStepsMatchTheReference) {
     for (DType t : gemm_dtypes) {
         SCOPED_TRACE(dtype_name(t));

@@ -243,7 +243,8 @@ TEST(GpuExec, GpuTierRunsGemmStepsOnTheDevice) {
     // The functions are built (and checked) without a device too.
     std::vector<std::pair<ir::Function, std::vector<RaggedTensor>>> cases;
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
-        const std::vector<Shape_> lengths = {{90}, {0}, {33}, {200}};
+        // 733 rows: the weight gradient's K is split (split-K) on any device.
+        const std::vector<Shape_> lengths = {{300}, {0}, {33}, {400}};
         const RaggedTensor x = random_batch(t, "~N, 96", shapes_for("~N, 96", lengths));
         const RaggedTensor w = random_dense(t, {96, 80});
         const RaggedTensor g = random_batch(t, "~N, 80", shapes_for("~N, 80", lengths));

@@ -50,7 +50,7 @@ std::vector<RaggedTensor> run(const jit::NormJob& job, bool emulated) {
         RaggedTensor sum = nans(job.dtype, g.structure_ptr());
         void* sb[] = {part->data(), sum.mutable_data()};
         const std::int64_t sp[] = {job.grid(), job.C};
-        compile(jit::column_sums_program(job.dtype))->launch(job.C, sb, sp);
+        compile(jit::column_sums_program(job.dtype))->launch(jit::column_sums_grid(job.C), sb, sp);
         result.push_back(sum);
     }
     return result;
