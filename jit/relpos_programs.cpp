@@ -170,9 +170,10 @@ struct Program {
                 out, rows, [&](Expr r, Expr x) { return b.load(a, r * width + x); }, bt, width);
             return;
         }
+        // Every row zero first: a J-deep product over out (mma_rows) reads all of them.
         Expr blocks = b.let(kir::ceil_div(rows, 16), "blocks");
         b.loop(
-            0, blocks * (16 * J), [&](Expr x) { b.store(out, x, 0.0); }, Loop::threads);
+            0, Expr(J * J), [&](Expr x) { b.store(out, x, 0.0); }, Loop::threads);
         b.loop(0, blocks, [&](Expr rb) {
             b.mma({out, rb * (16 * J), J, 1}, {a, rb * (16 * width), width, 1}, {bt, 0, J, 1}, 16,
                   J, width, precision());
@@ -181,6 +182,16 @@ struct Program {
         b.loop(
             rows * J, kir::ceil_div(rows, block) * (block * J),
             [&](Expr x) { b.store(out, x, b.load(out, last + x % J)); }, Loop::threads);
+    }
+    // acc[r][x] += sum over c < J of w(r, c) src[c][x] for r < rows (16-row blocks, tensor
+    // cores): the J-deep form of blocked_rows, w(r, c) = w[r w_row + c w_col]. Rows of src past
+    // the tile must be zero (stage() zeroes them with tensor cores) and w finite everywhere.
+    void mma_rows(Expr rows, int acc, std::int64_t width, int w, Expr w_row, Expr w_col, int src) {
+        const auto J = RelposShape::J;
+        b.loop(0, kir::ceil_div(rows, 16), [&](Expr rb) {
+            b.mma({acc, rb * (16 * width), width, 1}, {w, rb * 16 * w_row, w_row, w_col},
+                  {src, 0, width, 1}, 16, width, J, precision());
+        });
     }
     bool tensor_core_products(std::int64_t width) const {
         return s.tensor_cores && width % 16 == 0;
@@ -453,10 +464,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
         // S holds the probabilities now: A += P V (on tensor cores: P rounded to the data's
         // type, 16-row blocks, J deep; Vs is zero past the tile).
         if (s.tensor_cores)
-            b.loop(0, kir::ceil_div(rows, 16), [&](Expr rb) {
-                b.mma({A, rb * (16 * s.Dv), s.Dv, 1}, {S, rb * (16 * J), J, 1}, {Vs, 0, s.Dv, 1},
-                      16, s.Dv, J, p.precision());
-            });
+            p.mma_rows(rows, A, s.Dv, S, Expr(J), Expr(1), Vs);
         else
             p.blocked_rows(
                 rows, cols, s.Dv, A, [&](Expr g, Expr x) { return g * s.Dv + x; },
@@ -567,10 +575,13 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                     [&](Expr g) { p.by_offset(dZ, g * p.W - qlo, S, g, J, cols, i0 + g - j0, -1); },
                     Loop::threads);
             // S holds the score gradients now, [key][query].
-            p.blocked_rows(
-                rows, cols, s.D, dQ, [&](Expr g, Expr x) { return g * s.D + x; },
-                [&](Expr g, Expr jj) { return b.load(S, jj * J + g); },
-                [&](Expr jj, Expr x) { return b.load(Ks, jj * s.D + x); });
+            if (s.tensor_cores) // dS^T rounded to the data's type, as FlashAttention does
+                p.mma_rows(rows, dQ, s.D, S, Expr(1), Expr(J), Ks);
+            else
+                p.blocked_rows(
+                    rows, cols, s.D, dQ, [&](Expr g, Expr x) { return g * s.D + x; },
+                    [&](Expr g, Expr jj) { return b.load(S, jj * J + g); },
+                    [&](Expr jj, Expr x) { return b.load(Ks, jj * s.D + x); });
         });
         // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
         if (s.aq) p.fold_rows(dQ, rows, dZ, qlo, wq, p.eq);
@@ -693,14 +704,19 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                     },
                     Loop::threads);
             // St and dPt hold the probabilities and score gradients now, [query][key].
-            p.blocked_rows(
-                cols, rows, s.Dv, dV, [&](Expr jj, Expr x) { return jj * s.Dv + x; },
-                [&](Expr jj, Expr ii) { return b.load(St, ii * J + jj); },
-                [&](Expr ii, Expr x) { return b.load(dOt, ii * s.Dv + x); });
-            p.blocked_rows(
-                cols, rows, s.D, dK, [&](Expr jj, Expr x) { return jj * s.D + x; },
-                [&](Expr jj, Expr ii) { return b.load(dPt, ii * J + jj); },
-                [&](Expr ii, Expr x) { return b.load(Qt, ii * s.D + x); });
+            if (s.tensor_cores) { // P^T and dS^T rounded to the data's type
+                p.mma_rows(cols, dV, s.Dv, St, Expr(1), Expr(J), dOt);
+                p.mma_rows(cols, dK, s.D, dPt, Expr(1), Expr(J), Qt);
+            } else {
+                p.blocked_rows(
+                    cols, rows, s.Dv, dV, [&](Expr jj, Expr x) { return jj * s.Dv + x; },
+                    [&](Expr jj, Expr ii) { return b.load(St, ii * J + jj); },
+                    [&](Expr ii, Expr x) { return b.load(dOt, ii * s.Dv + x); });
+                p.blocked_rows(
+                    cols, rows, s.D, dK, [&](Expr jj, Expr x) { return jj * s.D + x; },
+                    [&](Expr jj, Expr ii) { return b.load(dPt, ii * J + jj); },
+                    [&](Expr ii, Expr x) { return b.load(Qt, ii * s.D + x); });
+            }
         });
         if (s.ak) p.fold_rows(dK, cols, dZ, klo, wk, p.ek);
         b.loop(

@@ -26,11 +26,12 @@ struct RelposShape {
     // once (zqs, zks), and the forward and both backward passes read them instead of
     // projecting their strips and tiles again. See RelposOptions in jit/relpos.hpp.
     bool saved = false;
-    // Tensor cores (the GPU, f16 and bf16 data): the content products S = Q K^T and
-    // dP = dO V^T of every pass and the forward's P V run as kernel-IR mma statements
-    // (mma.sync m16n8k16), their operands rounded to the data's type: exact for the inputs,
-    // and for P the rounding FlashAttention makes. The strip G must be a multiple of 16 (it is
-    // J). Off for the CPU, whose FMA loops are faster than emulated tiles.
+    // Tensor cores (the GPU, f16 and bf16 data): every tile product runs as kernel-IR mma
+    // statements (mma.sync m16n8k16): S = Q K^T and dP = dO V^T in every pass, the forward's
+    // P V, and the backward's dQ += dS K, dV += P^T dO, dK += dS^T Q. Operands are rounded to
+    // the data's type: exact for the inputs, and for P and dS the rounding FlashAttention
+    // makes. The strip G must be a multiple of 16 (it is J). Off for the CPU, whose FMA loops
+    // are faster than emulated tiles. (Relation projections and table folds stay FMAs.)
     bool tensor_cores = false;
     static constexpr std::int64_t J = 64; // the inner tile
 };
