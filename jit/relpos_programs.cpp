@@ -79,6 +79,16 @@ struct Program {
     bool projects_k() const { return s.ak && !s.saved; }
     // Scratch of `size` floats when `used`, else one.
     Expr sized(bool used, Expr size) const { return used ? size : Expr(1); }
+    // A staged tile of `floats` (a constant): with tensor cores in shared memory while the
+    // 48 KiB of a block last (the tiles read by every product first), else scratch.
+    int staged(const char* name, std::int64_t floats) {
+        if (s.tensor_cores && shared_bytes + floats * 4 <= kir::kSharedBytes) {
+            shared_bytes += (floats * 4 + 63) / 64 * 64;
+            return b.shared(name, floats);
+        }
+        return b.scratch(name, Expr(floats));
+    }
+    std::int64_t shared_bytes = 0;
 
     // The expanded row of offset delta.
     Expr row(Expr delta) { return clamp(delta, -Delta, Delta) + Delta; }
@@ -385,7 +395,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     const int Qs = b.scratch("Qs", p.G * s.D),
               ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
-    const int KsT = b.scratch("KsT", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
+    const int KsT = p.staged("KsT", J * s.D), Vs = p.staged("Vs", J * s.Dv);
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
     const int A = b.scratch("A", p.G * s.Dv), T = b.scratch("T", p.G * lanes);
@@ -500,12 +510,12 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     // The strip is staged transposed (QsT, dOsT) once, so each key tile is staged row-major
     // only (KsT just for its projections): scores and dP are [key][query] tiles.
     const int Qs = b.scratch("Qs", p.sized(s.aq, p.G * s.D)), dOs = b.scratch("dOs", p.G * s.Dv);
-    const int QsT = b.scratch("QsT", Expr(J * s.D)), dOsT = b.scratch("dOsT", Expr(J * s.Dv));
+    const int QsT = p.staged("QsT", J * s.D), dOsT = p.staged("dOsT", J * s.Dv);
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
-    const int Ks = b.scratch("Ks", Expr(J * s.D)), Vs = b.scratch("Vs", Expr(J * s.Dv));
+    const int Ks = p.staged("Ks", J * s.D), Vs = p.staged("Vs", J * s.Dv);
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
@@ -622,11 +632,11 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     // The strip is staged transposed (KsT, VsT) once, so each query tile is staged row-major
     // only (QtT just for its projections): scores and dP are [query][key] tiles.
     const int Ks = b.scratch("Ks", p.sized(s.ak, p.G * s.D));
-    const int KsT = b.scratch("KsT", Expr(J * s.D)), VsT = b.scratch("VsT", Expr(J * s.Dv));
+    const int KsT = p.staged("KsT", J * s.D), VsT = p.staged("VsT", J * s.Dv);
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.W) * J));
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
-    const int Qt = b.scratch("Qt", Expr(J * s.D)), dOt = b.scratch("dOt", Expr(J * s.Dv));
+    const int Qt = p.staged("Qt", J * s.D), dOt = p.staged("dOt", J * s.Dv);
     const int QtT = b.scratch("QtT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int St = b.scratch("St", Expr(J * J)), dPt = b.scratch("dPt", Expr(J * J));
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));

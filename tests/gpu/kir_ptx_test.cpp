@@ -67,6 +67,8 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
             // The tensor-core shapes' programs (the reduction has no products) use mma.sync.
             const bool mma = kir::print(k).find("mma.") != std::string::npos;
             EXPECT_EQ(ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos, mma) << k.name;
+            // ... and stage their tiles in shared memory.
+            EXPECT_EQ(ptx.find(".shared .align 16") != std::string::npos, mma) << k.name;
             PtxasResult r = run_ptxas(ptx, arch);
             EXPECT_EQ(r.status, 0) << k.name << " for " << arch << ":\n" << r.output;
         }
