@@ -77,6 +77,17 @@ bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTen
     return true;
 }
 
+// out[c] = the sum over p < P of part[p * C + c] in p order, stored as t: the ordered second
+// pass of split-K GEMMs and of norm parameter gradients (no atomics anywhere).
+void sum_partials(const cuda::Buffer& part, std::int64_t P, std::int64_t C, DType t,
+                  const cuda::Buffer& out) {
+    const GpuKernel& sums =
+        gpu_kernel("sums/" + std::string(dtype_name(t)), [t] { return column_sums_program(t); });
+    const std::uint64_t ptrs[] = {part.ptr(), out.ptr()};
+    const std::int64_t params[] = {P, C};
+    sums.launch(column_sums_grid(C), ptrs, params);
+}
+
 // x @ W over packed rows and weight gradients (f32, f16, bf16) on the device through the GEMM
 // tile program (jit/gemm_programs.hpp): tensor cores for the half types. Says whether node i
 // ran here.
@@ -103,13 +114,7 @@ bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor
                                   dev.of(vals[std::size_t(n.args[1])]).ptr(),
                                   split ? part.ptr() : c.ptr()};
     k.launch(job->grid(), ptrs, job->params());
-    if (split) {
-        const GpuKernel& sums = gpu_kernel("sums/" + std::string(dtype_name(t)),
-                                           [t] { return column_sums_program(t); });
-        const std::uint64_t sp[] = {part.ptr(), c.ptr()};
-        const std::int64_t pp[] = {job->splits, mn};
-        sums.launch(column_sums_grid(mn), sp, pp);
-    }
+    if (split) sum_partials(part, job->splits, mn, t, c);
     vals[i] = dev.result(std::move(c), t, job->out);
     return true;
 }
@@ -148,14 +153,10 @@ bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also
     }
     // dx, then dg and db: the partials summed over instances in order.
     std::vector<RaggedTensor> grads = {first};
-    const GpuKernel& sums =
-        gpu_kernel("sums/" + std::string(dtype_name(t)), [t] { return column_sums_program(t); });
     const StructurePtr& param = job->inputs[1].structure_ptr();
     for (int p = 0; p < parts; ++p) {
         cuda::Buffer sum = device_buffer(std::size_t(job->C) * dtype_size(t));
-        const std::uint64_t sp[] = {part[std::size_t(p)].ptr(), sum.ptr()};
-        const std::int64_t pp[] = {job->grid(), job->C};
-        sums.launch(column_sums_grid(job->C), sp, pp);
+        sum_partials(part[std::size_t(p)], job->grid(), job->C, t, sum);
         grads.push_back(dev.result(std::move(sum), t, param));
     }
     for (const auto& [node, wrt] : job->wants) vals[std::size_t(node)] = grads.at(std::size_t(wrt));
