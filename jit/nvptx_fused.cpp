@@ -203,11 +203,12 @@ std::string describe(const PtxProgram& p, const ir::Function& f, const Plan& pla
     os << "// rag: " << p.kernels.size() << " GPU kernel" << (p.kernels.size() == 1 ? "" : "s")
        << " of " << f.name << " for " << p.arch << "\n";
     for (const PtxKernel& k : p.kernels) os << "//   " << k.name << ": " << k.description << "\n";
-    int host = 0;
-    for (const Step& s : plan.steps) host += s.kind != Step::Kind::fused;
-    if (host)
-        os << "// " << host << " plan step" << (host == 1 ? "" : "s")
-           << " (GEMMs, reductions, reference kernels) have no GPU kernel yet\n";
+    int other = 0;
+    for (const Step& s : plan.steps) other += s.kind != Step::Kind::fused;
+    if (other)
+        os << "// " << other << " other plan step" << (other == 1 ? "" : "s")
+           << ": kernel-IR programs on the device (GEMMs, norms, attention, reductions; not in "
+              "this module) or host kernels (see jit/gpu_function.hpp)\n";
     os << p.ptx;
     return os.str();
 }
