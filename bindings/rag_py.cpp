@@ -142,36 +142,37 @@ struct Binding {
     std::map<std::string, DType> dtypes;
 };
 
+// A params record (rag.Params, or any mapping from dotted field names to arrays).
+Value record_value(py::handle obj, const std::string& type, const frontend::Program& prog,
+                   const std::string& what) {
+    if (py::isinstance<Params>(obj)) return obj.cast<const Params&>().value();
+    if (!py::hasattr(obj, "keys"))
+        fail(what, ": expected ", type, " (rag.Params or a dict of arrays), got ", type_name(obj));
+    Value v;
+    v.kind = Value::Kind::record;
+    v.record = type;
+    std::set<std::string> names;
+    for (const auto& [n, schema] : prog.record_type(type).leaves()) {
+        names.insert(n);
+        py::str key(n);
+        if (!obj.attr("__contains__")(key).cast<bool>())
+            fail(what, ": missing field '", n, "' of ", type);
+        v.fields.push_back({n, field_value(obj.attr("__getitem__")(key), schema, what + "." + n)});
+    }
+    for (py::handle k : obj.attr("keys")()) {
+        std::string key = py::str(k).cast<std::string>();
+        if (!names.count(key)) fail(what, ": ", type, " has no field '", key, "'");
+    }
+    return v;
+}
+
 Value to_value(py::handle obj, const ast::TypeExpr& decl, Binding& bind,
                const frontend::Program& prog, const std::string& what) {
     const auto& batch = bind.batch;
+    if (auto record = prog.record_name(decl)) return record_value(obj, *record, prog, what);
     switch (decl.kind) {
-    case ast::TypeExpr::Kind::named: {
-        if (py::isinstance<Params>(obj)) return obj.cast<const Params&>().value();
-        if (!py::hasattr(obj, "keys"))
-            fail(what, ": expected ", decl.name, " (rag.Params or a dict of arrays), got ",
-                 type_name(obj));
-        const ast::ParamsDecl* pd = prog.find_params(decl.name);
-        if (!pd) fail(what, ": unknown params group '", decl.name, "'");
-        const frontend::VType pt = prog.params_type(*pd);
-        Value v;
-        v.kind = Value::Kind::record;
-        v.record = decl.name;
-        std::set<std::string> names;
-        for (const auto& [n, ft] : pt.fields) {
-            names.insert(n);
-            py::str key(n);
-            if (!obj.attr("__contains__")(key).cast<bool>())
-                fail(what, ": missing field '", n, "' of ", decl.name);
-            v.fields.push_back(
-                {n, field_value(obj.attr("__getitem__")(key), ft.schema, what + "." + n)});
-        }
-        for (py::handle k : obj.attr("keys")()) {
-            std::string key = py::str(k).cast<std::string>();
-            if (!names.count(key)) fail(what, ": ", decl.name, " has no field '", key, "'");
-        }
-        return v;
-    }
+    case ast::TypeExpr::Kind::named:
+        fail(what, ": unknown type '", decl.name, "'");
     case ast::TypeExpr::Kind::tuple: {
         if (!py::isinstance<py::tuple>(obj) && !py::isinstance<py::list>(obj))
             fail(what, ": expected a tuple ", type_str(decl), ", got ", type_name(obj));

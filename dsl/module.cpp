@@ -65,7 +65,7 @@ Value unflatten(const frontend::VType& t, const std::vector<RaggedTensor>& vals,
     if (t.kind == K::record) {
         v.kind = Value::Kind::record;
         v.record = t.record;
-        for (const auto& [n, _] : t.fields) v.fields.push_back({n, vals.at(pos++)});
+        for (const auto& [n, _] : t.leaves()) v.fields.push_back({n, vals.at(pos++)});
         return v;
     }
     v.kind = Value::Kind::tuple;
@@ -94,22 +94,20 @@ Value normalise(const frontend::Program& prog, const Value& v) {
         return out;
     }
     if (v.kind != Value::Kind::record) return v;
-    const ast::ParamsDecl* decl = prog.find_params(v.record);
-    if (!decl) fail("no params group named '", v.record, "'");
-    frontend::VType t = prog.params_type(*decl);
+    const auto leaves = prog.record_type(v.record).leaves();
     for (const auto& [name, _] : v.fields) {
         bool known = false;
-        for (const auto& [n, _2] : t.fields) known |= n == name;
+        for (const auto& [n, _2] : leaves) known |= n == name;
         if (!known) fail(v.record, " has no field '", name, "'");
     }
     Value out;
     out.kind = Value::Kind::record;
     out.record = v.record;
-    for (const auto& [name, ft] : t.fields) {
+    for (const auto& [name, schema] : leaves) {
         const RaggedTensor& f = v.field(name);
-        if (f.schema() != ft.schema)
+        if (f.schema() != schema)
             fail(v.record, ".", name, " has schema ", f.schema().str(), ", expected ",
-                 ft.schema.str());
+                 schema.str());
         out.fields.push_back({name, f});
     }
     return out;
@@ -117,19 +115,16 @@ Value normalise(const frontend::Program& prog, const Value& v) {
 
 } // namespace
 
-frontend::VType vtype_of(const Value& v) {
+frontend::VType vtype_of(const frontend::Program& prog, const Value& v) {
     using frontend::VType;
     switch (v.kind) {
     case Value::Kind::tensor:
         return VType::tensor(v.tensor.schema());
-    case Value::Kind::record: {
-        VType t{VType::Kind::record, {}, v.record, {}, {}};
-        for (const auto& [n, f] : v.fields) t.fields.push_back({n, VType::tensor(f.schema())});
-        return t;
-    }
+    case Value::Kind::record:
+        return prog.record_type(v.record);
     case Value::Kind::tuple: {
         VType t{VType::Kind::tuple, {}, {}, {}, {}};
-        for (const auto& e : v.elems) t.elems.push_back(vtype_of(e));
+        for (const auto& e : v.elems) t.elems.push_back(vtype_of(prog, e));
         return t;
     }
     }
@@ -162,10 +157,12 @@ std::vector<std::string> Module::functions() const {
 
 const Module::Compiled& Module::specialise(std::string_view fn, const std::vector<Value>& args) {
     std::vector<frontend::VType> types;
-    std::string key = (tier_ == Tier::jit ? "jit:" : tier_ == Tier::gpu ? "cuda:" : "interp:") +
+    std::string key = (tier_ == Tier::jit   ? "jit:"
+                       : tier_ == Tier::gpu ? "cuda:"
+                                            : "interp:") +
                       std::string(padded_ ? "padded:" : "") + std::string(fn);
     for (const auto& a : args) {
-        types.push_back(vtype_of(a));
+        types.push_back(vtype_of(*prog_, a));
         key += "|" + types.back().str();
     }
     FnStats& st = stats_[std::string(fn)];
@@ -240,21 +237,21 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
     return unflatten(c.lowered.result, out, pos);
 }
 
+// Every tensor of the record type `name` (a params group, an array of one, or Adam state),
+// initialised as its field declares with a counter-based stream keyed by "<name>.<dotted
+// field>", so each layer of an array draws its own values. Adam state starts at zero.
 Value Module::init(std::string_view name, std::uint64_t seed) const {
-    const ast::ParamsDecl* p = prog_->find_params(name);
-    if (!p) fail("no params group named '", name, "'");
-    frontend::VType t = prog_->params_type(*p);
     Value v;
     v.kind = Value::Kind::record;
-    v.record = p->name;
-    for (std::size_t f = 0; f < p->fields.size(); ++f) {
-        const ast::ParamField& field = p->fields[f];
-        const Schema& s = t.fields[f].second.schema;
+    v.record = std::string(name);
+    for (const auto& leaf : prog_->record_leaves(name)) {
+        const Schema& s = leaf.schema;
+        const std::string where = std::string(name) + "." + leaf.name;
         std::vector<std::int64_t> shape;
         for (const auto& a : s.shape.axes) shape.push_back(a.extent);
         DenseArray arr = DenseArray::zeros(s.dtype, shape);
         std::vector<double> vals(static_cast<std::size_t>(arr.numel()), 0.0);
-        const ast::Expr* init = field.init.get();
+        const ast::Expr* init = leaf.field ? leaf.field->init.get() : nullptr;
         std::string kind = !init                                 ? "zeros"
                            : init->kind == ast::Expr::Kind::name ? init->name
                            : init->kind == ast::Expr::Kind::call &&
@@ -263,7 +260,7 @@ Value Module::init(std::string_view name, std::uint64_t seed) const {
                                : "";
         auto number = [&](std::size_t k) {
             if (!init || init->kind != ast::Expr::Kind::call || k >= init->args.size())
-                fail(p->name, ".", field.name, ": ", kind, " needs ", k + 1, " argument(s)");
+                fail(where, ": ", kind, " needs ", k + 1, " argument(s)");
             const ast::Expr& e = *init->args[k].value;
             if (e.kind == ast::Expr::Kind::integer) return double(e.ival);
             if (e.kind == ast::Expr::Kind::floating) return e.fval;
@@ -272,9 +269,9 @@ Value Module::init(std::string_view name, std::uint64_t seed) const {
                 return -e.operands[0]->fval;
             if (e.kind == ast::Expr::Kind::unary && e.operands[0]->kind == ast::Expr::Kind::integer)
                 return -double(e.operands[0]->ival);
-            fail(p->name, ".", field.name, ": initialiser arguments must be numbers");
+            fail(where, ": initialiser arguments must be numbers");
         };
-        CounterRng rng(seed, p->name + "." + field.name);
+        CounterRng rng(seed, where);
         if (kind == "zeros") {
         } else if (kind == "ones") {
             std::fill(vals.begin(), vals.end(), 1.0);
@@ -285,11 +282,10 @@ Value Module::init(std::string_view name, std::uint64_t seed) const {
             double lo = number(0), hi = number(1);
             for (std::size_t k = 0; k < vals.size(); ++k) vals[k] = lo + (hi - lo) * rng.uniform(k);
         } else {
-            fail(p->name, ".", field.name,
-                 ": unknown initialiser; use zeros, ones, normal(std) or uniform(lo, hi)");
+            fail(where, ": unknown initialiser; use zeros, ones, normal(std) or uniform(lo, hi)");
         }
         v.fields.push_back(
-            {field.name, RaggedTensor::dense(DenseArray::from_f64(s.dtype, shape, vals))});
+            {leaf.name, RaggedTensor::dense(DenseArray::from_f64(s.dtype, shape, vals))});
     }
     return v;
 }

@@ -208,13 +208,14 @@ std::optional<Session::Prepared> Session::prepare(const std::shared_ptr<SourceFi
             v = &jt->second;
         if (!v) continue;
         if (v->kind == Value::Kind::record) {
-            const ast::ParamsDecl* g = base_->program().find_params(v->record);
-            bool same = g && g->fields.size() == v->fields.size();
-            if (same) {
-                auto t = base_->program().params_type(*g);
-                for (std::size_t f = 0; f < v->fields.size(); ++f)
-                    same &= t.fields[f].first == v->fields[f].first &&
-                            t.fields[f].second.schema == v->fields[f].second.schema();
+            bool same = false;
+            try {
+                auto leaves = base_->program().record_type(v->record).leaves();
+                same = leaves.size() == v->fields.size();
+                for (std::size_t f = 0; same && f < v->fields.size(); ++f)
+                    same = leaves[f].first == v->fields[f].first &&
+                           leaves[f].second == v->fields[f].second.schema();
+            } catch (const Error&) {
             }
             if (!same) {
                 error(n + " holds a " + v->record + " made for an earlier definition of " +
@@ -278,7 +279,7 @@ std::optional<Value> Session::evaluate(const std::shared_ptr<SourceFile>& entry,
         std::string why =
             remap(p->source, chunks, &p->site, [&](const frontend::Program& prog, Diagnostics& d) {
                 std::vector<frontend::VType> types;
-                for (const auto& a : p->args) types.push_back(vtype_of(a));
+                for (const auto& a : p->args) types.push_back(vtype_of(prog, a));
                 frontend::lower(prog, p->fn, types, d);
             });
         say(why.empty() ? e.what() : why);

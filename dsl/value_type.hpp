@@ -5,6 +5,7 @@
 
 namespace rag {
 
-frontend::VType vtype_of(const Value& v);
+// Records take their (nested) type from the program; `v` must be normalised.
+frontend::VType vtype_of(const frontend::Program& prog, const Value& v);
 
 } // namespace rag

@@ -36,10 +36,18 @@ using ExprPtr = std::shared_ptr<const Expr>;
 
 // One item of `x[...]`.
 struct IndexItem {
-    enum class Kind { keep, newaxis, index, slice } kind = Kind::keep;
-    std::int64_t index = 0;         // index
-    std::optional<std::int64_t> lo; // slice
-    std::optional<std::int64_t> hi; // slice
+    enum class Kind {
+        keep,
+        newaxis,
+        index,
+        slice,
+        gather // `table[ids]`: an integer tensor expression selects rows
+    } kind = Kind::keep;
+    std::int64_t index = 0;           // index
+    std::optional<std::int64_t> lo;   // slice
+    std::optional<std::int64_t> hi;   // slice
+    std::optional<std::int64_t> step; // slice: `a:b:s`
+    ExprPtr ids;                      // gather
     Span span;
 };
 
@@ -82,9 +90,15 @@ struct Pattern {
 };
 
 struct Stmt {
-    enum class Kind { let, ret } kind = Kind::let;
-    Pattern target; // let
+    enum class Kind {
+        let,    // let target = value
+        assign, // name = value: rebinds a variable bound earlier, keeping its type
+        ret,    // return value
+        loop    // for var in value { body }: once per element of a params array or tuple
+    } kind = Kind::let;
+    Pattern target; // let, assign (a name), loop (the loop variable)
     ExprPtr value;
+    std::vector<Stmt> body; // loop
     Span span;
 };
 

@@ -49,7 +49,10 @@ std::string item(const ast::IndexItem& i) {
     case ast::IndexItem::Kind::index:
         return std::to_string(i.index);
     case ast::IndexItem::Kind::slice:
-        return (i.lo ? std::to_string(*i.lo) : "") + ":" + (i.hi ? std::to_string(*i.hi) : "");
+        return (i.lo ? std::to_string(*i.lo) : "") + ":" + (i.hi ? std::to_string(*i.hi) : "") +
+               (i.step ? ":" + std::to_string(*i.step) : "");
+    case ast::IndexItem::Kind::gather:
+        return i.ids ? to_sexpr(*i.ids) : "<null>";
     }
     return "?";
 }
@@ -63,6 +66,28 @@ std::string pattern(const ast::Pattern& p) {
 
 std::string expr(const ast::ExprPtr& e) {
     return e ? to_sexpr(*e) : "<null>";
+}
+
+std::string body(const std::vector<ast::Stmt>& stmts, const std::string& indent) {
+    std::string s;
+    for (const auto& st : stmts) {
+        switch (st.kind) {
+        case ast::Stmt::Kind::let:
+            s += indent + "(let " + pattern(st.target) + " " + expr(st.value) + ")";
+            break;
+        case ast::Stmt::Kind::assign:
+            s += indent + "(set " + pattern(st.target) + " " + expr(st.value) + ")";
+            break;
+        case ast::Stmt::Kind::ret:
+            s += indent + "(return " + expr(st.value) + ")";
+            break;
+        case ast::Stmt::Kind::loop:
+            s += indent + "(for " + pattern(st.target) + " " + expr(st.value) +
+                 body(st.body, indent + "  ") + ")";
+            break;
+        }
+    }
+    return s;
 }
 
 } // namespace
@@ -157,12 +182,7 @@ std::string to_sexpr(const ast::Module& m) {
             s += (i ? " (" : "(") + f.params[i].name + " " + to_sexpr(f.params[i].type) + ")";
         s += ")";
         if (f.result) s += " -> " + to_sexpr(*f.result);
-        for (const auto& st : f.body) {
-            if (st.kind == ast::Stmt::Kind::let)
-                s += "\n  (let " + pattern(st.target) + " " + expr(st.value) + ")";
-            else
-                s += "\n  (return " + expr(st.value) + ")";
-        }
+        s += body(f.body, "\n  ");
         s += ")\n";
     }
     return s;

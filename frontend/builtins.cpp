@@ -158,27 +158,219 @@ LV make_grad(Lowerer& L, const ast::Expr& call, bool with_value) {
     return out;
 }
 
+// where(cond, a, b): a literal branch takes the dtype of the other branch (LANGUAGE.md 6.1).
+LV where(Lowerer& L, const ast::Expr& call) {
+    Args a = match(L, call, "where", {"cond", "a", "b"});
+    LV c = L.expr(*a.get("cond")), x = L.expr(*a.get("a")), y = L.expr(*a.get("b"));
+    const auto& f = L.builder().function();
+    DType like = x.kind == LV::Kind::tensor   ? f.type(x.id).dtype
+                 : y.kind == LV::Kind::tensor ? f.type(y.id).dtype
+                                              : DType::f32;
+    return LV::tensor(
+        L.op(call.span, "where",
+             {L.tensor_of(c, a.get("cond")->span, DType::boolean),
+              L.tensor_of(x, a.get("a")->span, like), L.tensor_of(y, a.get("b")->span, like)}));
+}
+
+// f32(x), i64(x), ...: elementwise casts; a literal becomes a constant of that dtype.
+LV cast(Lowerer& L, const ast::Expr& call, DType to) {
+    const std::string name(dtype_name(to));
+    Args a = match(L, call, name, {"x"});
+    LV x = L.expr(*a.get("x"));
+    if (x.kind == LV::Kind::number) return LV::tensor(L.builder().constant(x.num, to));
+    int id = L.tensor_of(x, a.get("x")->span, to);
+    if (L.builder().function().type(id).dtype == to) return LV::tensor(id);
+    Attrs at;
+    at.set("dtype", name);
+    return LV::tensor(L.op(call.span, "cast", {id}, at));
+}
+
+// A hyper-parameter: a number (a constant of the code) or a runtime scalar tensor such as an
+// `lr: f32[]` argument, as a scalar of `dtype` (cast when it has another float dtype).
+int hyper_value(Lowerer& L, const LV& v, Span span, DType dtype, const char* what) {
+    if (v.kind == LV::Kind::number) return L.builder().constant(v.num, dtype);
+    int id = L.tensor_of(v, span, dtype);
+    const Schema& s = L.builder().function().type(id);
+    if (s.shape.batched || !s.shape.axes.empty() || !is_floating(s.dtype))
+        L.error(span,
+                std::string(what) + " must be a number or a float scalar (f32[]), got " + s.str());
+    if (s.dtype == dtype) return id;
+    Attrs at;
+    at.set("dtype", std::string(dtype_name(dtype)));
+    return L.op(span, "cast", {id}, at);
+}
+
+int hyper(Lowerer& L, const ast::Expr* e, double dflt, DType dtype, const char* what) {
+    if (!e) return L.builder().constant(dflt, dtype);
+    return hyper_value(L, L.expr(*e), e->span, dtype, what);
+}
+
+// Applies fn to the matching tensors of params-shaped values (records, tuples), in order.
+void for_each_leaf(Lowerer& L, Span at, const char* what, std::vector<LV*> vals,
+                   const std::function<void(std::vector<LV*>&)>& fn) {
+    for (std::size_t k = 1; k < vals.size(); ++k)
+        if (L.type_of(*vals[k]) != L.type_of(*vals[0]))
+            L.error(at, std::string(what) + ": " + L.type_of(*vals[k]).str() +
+                            " does not match the parameters " + L.type_of(*vals[0]).str());
+    if (vals[0]->kind == LV::Kind::tensor) return fn(vals);
+    if (vals[0]->kind == LV::Kind::number || vals[0]->kind == LV::Kind::error ||
+        vals[0]->kind == LV::Kind::function)
+        L.error(at, std::string(what) + " needs tensors or params groups, got " +
+                        L.type_of(*vals[0]).str());
+    auto children = [&](LV* v) {
+        std::vector<LV*> out;
+        for (auto& [_, f] : v->fields) out.push_back(&f);
+        for (auto& e : v->elems) out.push_back(&e);
+        return out;
+    };
+    std::vector<std::vector<LV*>> kids;
+    for (LV* v : vals) kids.push_back(children(v));
+    for (std::size_t i = 0; i < kids[0].size(); ++i) {
+        std::vector<LV*> row;
+        for (auto& k : kids) row.push_back(k[i]);
+        for_each_leaf(L, at, what, row, fn);
+    }
+}
+
 LV sgd(Lowerer& L, const ast::Expr& call) {
     Args a = match(L, call, "sgd", {"params", "grads", "lr"});
     LV p = L.expr(*a.get("params")), g = L.expr(*a.get("grads"));
-    double lr = L.constant(*a.get("lr"), "lr");
-    Attrs scale;
-    scale.set("c", -lr);
-    std::function<LV(const LV&, const LV&)> step = [&](const LV& x, const LV& dx) -> LV {
-        if (L.type_of(x) != L.type_of(dx))
-            L.error(call.span, "sgd: gradients " + L.type_of(dx).str() +
-                                   " do not match parameters " + L.type_of(x).str());
-        if (x.kind == LV::Kind::tensor)
-            return LV::tensor(
-                L.op(call.span, "add", {x.id, L.op(call.span, "scale", {dx.id}, scale)}));
-        LV out = x;
-        for (std::size_t k = 0; k < x.fields.size(); ++k)
-            out.fields[k].second = step(x.fields[k].second, dx.fields[k].second);
-        for (std::size_t k = 0; k < x.elems.size(); ++k)
-            out.elems[k] = step(x.elems[k], dx.elems[k]);
-        return out;
+    LV out = p;
+    const LV rate = L.expr(*a.get("lr"));
+    std::optional<double> fixed; // a constant lr scales by a constant
+    if (rate.kind == LV::Kind::number) fixed = rate.num;
+    std::map<DType, int> lr; // per parameter dtype, emitted once
+    for_each_leaf(L, call.span, "sgd", {&out, &g}, [&](std::vector<LV*>& v) {
+        const int x = v[0]->id, dx = v[1]->id;
+        if (fixed) {
+            Attrs scale;
+            scale.set("c", -*fixed);
+            *v[0] = LV::tensor(L.op(call.span, "add", {x, L.op(call.span, "scale", {dx}, scale)}));
+            return;
+        }
+        const DType dt = L.builder().function().type(x).dtype;
+        if (!lr.count(dt)) lr[dt] = hyper_value(L, rate, a.get("lr")->span, dt, "lr");
+        *v[0] = LV::tensor(L.op(call.span, "sub", {x, L.op(call.span, "mul", {dx, lr[dt]})}));
+    });
+    return out;
+}
+
+// adam(p, g, s, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0) -> (p', s'), as
+// PyTorch's AdamW: t += 1; p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). The step's scalars are computed
+// once; each field is one run of elementwise ops, which the CPU JIT fuses into one loop that
+// reads p, g, m, v once and writes p, m, v.
+LV adam(Lowerer& L, const ast::Expr& call) {
+    Args a = match(L, call, "adam",
+                   {"params", "grads", "state", "lr?", "b1?", "b2?", "eps?", "weight_decay?"});
+    LV p = L.expr(*a.get("params")), g = L.expr(*a.get("grads")), st = L.expr(*a.get("state"));
+    const std::string want = "Adam[" + L.type_of(p).str() + "]";
+    if (st.kind != LV::Kind::record || st.name != want || st.fields.size() != 3)
+        L.error(a.get("state")->span, "adam: the state must be " + want +
+                                          " (the host makes one "
+                                          "with init(\"" +
+                                          want + "\")), got " + L.type_of(st).str());
+    const Span at = call.span;
+    auto& f = L.builder().function();
+    auto op = [&](const char* name, std::vector<int> args) { return L.op(at, name, args); };
+    // t + 1, counted in f64 (exact to 2^53 steps; the op table has no integer arithmetic).
+    auto cast_to = [&](int id, DType dt) {
+        Attrs c;
+        c.set("dtype", std::string(dtype_name(dt)));
+        return L.op(at, "cast", {id}, c);
     };
-    return step(p, g);
+    const int t64 = op(
+        "add", {cast_to(st.fields[2].second.id, DType::f64), L.builder().constant(1, DType::f64)});
+    const int t = cast_to(t64, DType::i64);
+    struct Scalars {
+        int keep, step, root_bc2, b1, one_b1, b2, one_b2, eps;
+    };
+    std::map<DType, Scalars> scalars; // per parameter dtype
+    auto scalars_for = [&](DType dt) -> const Scalars& {
+        if (auto it = scalars.find(dt); it != scalars.end()) return it->second;
+        auto h = [&](const char* n, double d) { return hyper(L, a.get(n), d, dt, n); };
+        const int lr = h("lr", 1e-3), b1 = h("b1", 0.9), b2 = h("b2", 0.999);
+        const int eps = h("eps", 1e-8), wd = h("weight_decay", 0.0);
+        const int tf = dt == DType::f64 ? t64 : cast_to(t64, dt);
+        const int one = L.builder().constant(1, dt);
+        const int bc1 = op("sub", {one, op("pow", {b1, tf})});
+        const int bc2 = op("sub", {one, op("pow", {b2, tf})});
+        Scalars s{op("sub", {one, op("mul", {lr, wd})}),
+                  op("div", {lr, bc1}),
+                  op("sqrt", {bc2}),
+                  b1,
+                  op("sub", {one, b1}),
+                  b2,
+                  op("sub", {one, b2}),
+                  eps};
+        return scalars.emplace(dt, s).first->second;
+    };
+    LV np = p, m = st.fields[0].second, v = st.fields[1].second;
+    for_each_leaf(L, at, "adam", {&np, &g, &m, &v}, [&](std::vector<LV*>& x) {
+        const Scalars& s = scalars_for(f.type(x[0]->id).dtype);
+        const int pid = x[0]->id, gid = x[1]->id;
+        const int m2 = op("add", {op("mul", {s.b1, x[2]->id}), op("mul", {s.one_b1, gid})});
+        const int v2 =
+            op("add", {op("mul", {s.b2, x[3]->id}), op("mul", {s.one_b2, op("mul", {gid, gid})})});
+        const int denom = op("add", {op("div", {op("sqrt", {v2}), s.root_bc2}), s.eps});
+        const int p2 =
+            op("sub", {op("mul", {pid, s.keep}), op("mul", {s.step, op("div", {m2, denom})})});
+        *x[0] = LV::tensor(p2), *x[2] = LV::tensor(m2), *x[3] = LV::tensor(v2);
+    });
+    LV ns = st;
+    ns.fields[0].second = m, ns.fields[1].second = v, ns.fields[2].second = LV::tensor(t);
+    LV out;
+    out.kind = LV::Kind::tuple;
+    out.elems = {np, ns};
+    return out;
+}
+
+// clip_norm(g, max_norm) -> (g', norm): norm the l2 norm over every tensor of g, g' = g scaled
+// by min(1, max_norm / norm).
+LV clip_norm(Lowerer& L, const ast::Expr& call) {
+    Args a = match(L, call, "clip_norm", {"grads", "max_norm"});
+    LV g = L.expr(*a.get("grads"));
+    const Span at = call.span;
+    auto op = [&](const char* name, std::vector<int> args) { return L.op(at, name, args); };
+    auto& f = L.builder().function();
+    int sq = -1; // the sum of squares, in f32 (f64 when a tensor is f64)
+    DType acc = DType::f32;
+    LV probe = g;
+    for_each_leaf(L, at, "clip_norm", {&probe}, [&](std::vector<LV*>& x) {
+        if (f.type(x[0]->id).dtype == DType::f64) acc = DType::f64;
+    });
+    for_each_leaf(L, at, "clip_norm", {&probe}, [&](std::vector<LV*>& x) {
+        int id = x[0]->id;
+        if (!is_floating(f.type(id).dtype))
+            L.error(at, "clip_norm: gradients must be floating point, got " + f.type(id).str());
+        if (f.type(id).dtype != acc) {
+            Attrs c;
+            c.set("dtype", std::string(dtype_name(acc)));
+            id = L.op(at, "cast", {id}, c);
+        }
+        const int s = op("sum", {op("mul", {id, id})});
+        sq = sq < 0 ? s : op("add", {sq, s});
+    });
+    if (sq < 0) L.error(at, "clip_norm: no gradients");
+    const int norm = op("sqrt", {sq});
+    const int scale =
+        op("minimum", {L.builder().constant(1, acc),
+                       op("div", {hyper(L, a.get("max_norm"), 0, acc, "max_norm"), norm})});
+    std::map<DType, int> scaled; // the scale per gradient dtype
+    LV out = g;
+    for_each_leaf(L, at, "clip_norm", {&out}, [&](std::vector<LV*>& x) {
+        const DType dt = f.type(x[0]->id).dtype;
+        if (!scaled.count(dt)) {
+            Attrs c;
+            c.set("dtype", std::string(dtype_name(dt)));
+            scaled[dt] = dt == acc ? scale : L.op(at, "cast", {scale}, c);
+        }
+        *x[0] = LV::tensor(op("mul", {x[0]->id, scaled[dt]}));
+    });
+    LV r;
+    r.kind = LV::Kind::tuple;
+    r.elems = {out, LV::tensor(norm)};
+    return r;
 }
 
 const std::map<std::string, Builtin, std::less<>>& table() {
@@ -193,9 +385,7 @@ const std::map<std::string, Builtin, std::less<>>& table() {
             m[b] = [op = std::string(b)](Lowerer& L, const ast::Expr& c) {
                 return simple(L, c, op, {"a", "b"});
             };
-        m["where"] = [](Lowerer& L, const ast::Expr& c) {
-            return simple(L, c, "where", {"cond", "a", "b"});
-        };
+        m["where"] = where;
         for (const char* r : {"sum", "mean", "max", "min"})
             m[r] = [op = std::string(r)](Lowerer& L, const ast::Expr& c) {
                 return simple(L, c, op, {"x"}, {{"axis", 'i'}});
@@ -277,6 +467,18 @@ const std::map<std::string, Builtin, std::less<>>& table() {
             return LV::tensor(L.op(c.span, "relpos_attention", ins, at));
         };
         m["sgd"] = sgd;
+        m["adam"] = adam;
+        m["clip_norm"] = clip_norm;
+        for (DType d : {DType::f16, DType::bf16, DType::f32, DType::f64, DType::i32, DType::i64})
+            m[std::string(dtype_name(d))] = [d](Lowerer& L, const ast::Expr& c) {
+                return cast(L, c, d);
+            };
+        m["positions"] = [](Lowerer& L, const ast::Expr& c) {
+            Args a = match(L, c, "positions", {"x", "axis?"});
+            Attrs at;
+            at.set("axis", a.get("axis") ? int_attr(L, *a.get("axis"), "axis") : 1);
+            return LV::tensor(L.op(c.span, "positions", {L.tensor(*a.get("x"))}, at));
+        };
         m["grad"] = [](Lowerer& L, const ast::Expr& c) { return make_grad(L, c, false); };
         m["value_and_grad"] = [](Lowerer& L, const ast::Expr& c) { return make_grad(L, c, true); };
         return m;

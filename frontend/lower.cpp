@@ -5,6 +5,7 @@
 #include "ir/autodiff.hpp"
 #include "runtime/error.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +39,19 @@ std::vector<Schema> VType::flatten() const {
     };
     for (const auto& [_, f] : fields) add(f);
     for (const auto& e : elems) add(e);
+    return out;
+}
+
+std::vector<std::pair<std::string, Schema>> VType::leaves() const {
+    std::vector<std::pair<std::string, Schema>> out;
+    std::function<void(const VType&, const std::string&)> walk = [&](const VType& t,
+                                                                     const std::string& at) {
+        auto child = [&](const std::string& n) { return at.empty() ? n : at + "." + n; };
+        if (t.kind == Kind::tensor) out.push_back({at, t.schema});
+        for (const auto& [n, f] : t.fields) walk(f, child(n));
+        for (std::size_t k = 0; k < t.elems.size(); ++k) walk(t.elems[k], child(std::to_string(k)));
+    };
+    walk(*this, "");
     return out;
 }
 
@@ -76,12 +90,10 @@ std::string type_str(const ast::TypeExpr& t) {
 
 VType declared_vtype(const Program& prog, const ast::TypeExpr& t,
                      const std::set<std::string>& batch) {
+    if (auto r = prog.record_name(t)) return prog.record_type(*r);
     switch (t.kind) {
-    case ast::TypeExpr::Kind::named: {
-        const ast::ParamsDecl* p = prog.find_params(t.name);
-        if (!p) fail("unknown type '", t.name, "'");
-        return prog.params_type(*p);
-    }
+    case ast::TypeExpr::Kind::named:
+        fail("unknown type '", t.name, "'");
     case ast::TypeExpr::Kind::tuple: {
         VType v{VType::Kind::tuple, {}, {}, {}, {}};
         for (const auto& e : t.elems) v.elems.push_back(declared_vtype(prog, e, batch));
@@ -92,7 +104,9 @@ VType declared_vtype(const Program& prog, const ast::TypeExpr& t,
     }
     auto dt = parse_dtype(t.dtype);
     if (!dt)
-        fail("type parameter ", t.dtype, " has no concrete type here; call the function instead");
+        fail("type parameter ", t.dtype,
+             " has no concrete type here; call the function instead (dtypes are f16 bf16 f32 "
+             "f64 i32 i64 bool)");
     Shape s;
     s.batched = is_batched(t, batch);
     if (s.batched && t.dims[0].kind != ast::DimExpr::Kind::symbolic)
@@ -154,10 +168,11 @@ std::set<std::string> batch_names(const ast::FnDecl& fn) {
 std::string match_type(const Program& prog, const VType& actual, const ast::TypeExpr& decl,
                        const std::set<std::string>& batch, Bindings& b) {
     const std::string mismatch = "expected " + type_str(decl) + ", got " + actual.str();
+    if (auto r = prog.record_name(decl))
+        return actual.kind == VType::Kind::record && actual.record == *r ? "" : mismatch;
     switch (decl.kind) {
     case ast::TypeExpr::Kind::named:
-        if (!prog.find_params(decl.name)) return "unknown type '" + decl.name + "'";
-        return actual.kind == VType::Kind::record && actual.record == decl.name ? "" : mismatch;
+        return "unknown type '" + decl.name + "'";
     case ast::TypeExpr::Kind::tuple:
         if (actual.kind != VType::Kind::tuple || actual.elems.size() != decl.elems.size())
             return mismatch;
@@ -237,18 +252,139 @@ std::vector<std::string> Program::fn_names() const {
 }
 
 VType Program::params_type(const ast::ParamsDecl& p) const {
-    VType v{VType::Kind::record, {}, p.name, {}, {}};
-    for (const auto& f : p.fields) {
-        VType t = declared_vtype(*this, f.type, {});
-        if (t.kind != VType::Kind::tensor)
-            fail("params field ", p.name, ".", f.name, " must be a tensor");
-        for (const auto& a : t.schema.shape.axes)
+    return record_type(p.name);
+}
+
+std::optional<std::string> Program::record_name(const ast::TypeExpr& t) const {
+    if (t.kind == ast::TypeExpr::Kind::named)
+        return find_params(t.name) ? std::optional(t.name) : std::nullopt;
+    if (t.kind != ast::TypeExpr::Kind::tensor || parse_dtype(t.dtype) || t.dims.size() != 1)
+        return std::nullopt;
+    const ast::DimExpr& d = t.dims[0];
+    if (t.dtype == "Adam" && d.kind == ast::DimExpr::Kind::symbolic && find_params(d.name))
+        return "Adam[" + d.name + "]";
+    if (find_params(t.dtype) && d.kind == ast::DimExpr::Kind::fixed)
+        return t.dtype + "[" + std::to_string(d.extent) + "]";
+    return std::nullopt;
+}
+
+namespace {
+
+constexpr std::int64_t kMaxArray = 4096;           // elements of one params array
+constexpr std::size_t kMaxRecordTensors = 1 << 20; // tensors in one record type
+
+// `Layer[4]` -> ("Layer", "4"); `Adam[Model]` -> ("Adam", "Model"); `Model` -> nullopt.
+std::optional<std::pair<std::string, std::string>> split_record_name(std::string_view name) {
+    auto open = name.find('[');
+    if (open == std::string_view::npos || name.back() != ']') return std::nullopt;
+    return std::pair{std::string(name.substr(0, open)),
+                     std::string(name.substr(open + 1, name.size() - open - 2))};
+}
+
+std::int64_t array_extent(std::string_view name, const std::string& n) {
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
+    if (ec != std::errc() || end != n.data() + n.size()) fail("unknown type '", name, "'");
+    if (v < 1 || v > kMaxArray)
+        fail("params array ", name, ": the extent must be between 1 and ", kMaxArray);
+    return v;
+}
+
+VType record_type_at(const Program& prog, std::string_view name, int depth, std::size_t& tensors) {
+    if (depth > 32)
+        fail("params groups nest too deeply at '", name, "' (does a group contain itself?)");
+    auto count = [&](std::size_t n) {
+        tensors += n;
+        if (tensors > kMaxRecordTensors)
+            fail("params type ", name, " has more than ", kMaxRecordTensors, " tensors");
+    };
+    VType v{VType::Kind::record, {}, std::string(name), {}, {}};
+    if (auto parts = split_record_name(name)) {
+        const auto& [head, inner] = *parts;
+        if (head == "Adam") {
+            VType p = record_type_at(prog, inner, depth + 1, tensors);
+            count(p.flatten().size() + 1);
+            v.fields = {{"m", p}, {"v", p}, {"t", VType::tensor({DType::i64, Shape{false, {}}})}};
+            return v;
+        }
+        if (!prog.find_params(head)) fail("unknown type '", name, "'");
+        const std::int64_t n = array_extent(name, inner);
+        VType elem = record_type_at(prog, head, depth + 1, tensors);
+        count(elem.flatten().size() * std::size_t(n - 1));
+        for (std::int64_t k = 0; k < n; ++k) v.fields.push_back({std::to_string(k), elem});
+        return v;
+    }
+    const ast::ParamsDecl* p = prog.find_params(name);
+    if (!p) fail("unknown type '", name, "'");
+    for (const auto& f : p->fields) {
+        if (auto r = prog.record_name(f.type)) {
+            v.fields.push_back({f.name, record_type_at(prog, *r, depth + 1, tensors)});
+            continue;
+        }
+        if (f.type.kind != ast::TypeExpr::Kind::tensor)
+            fail("params field ", p->name, ".", f.name, ": ",
+                 f.type.kind == ast::TypeExpr::Kind::named
+                     ? "unknown type '" + f.type.name + "'"
+                     : std::string("must be a tensor, a params group or an array of one"));
+        if (!parse_dtype(f.type.dtype))
+            fail("params field ", p->name, ".", f.name, ": unknown dtype '", f.type.dtype,
+                 "' (dtypes are f16 bf16 f32 f64 i32 i64 bool; Name[n] is an array of params "
+                 "group Name)");
+        VType t = declared_vtype(prog, f.type, {});
+        std::int64_t elems = 1;
+        for (const auto& a : t.schema.shape.axes) {
             if (a.kind != AxisKind::fixed)
-                fail("params field ", p.name, ".", f.name, " must have static dimensions, got ",
+                fail("params field ", p->name, ".", f.name, " must have static dimensions, got ",
                      type_str(f.type));
+            if (a.extent > (std::int64_t(1) << 40) / std::max<std::int64_t>(elems, 1))
+                fail("params field ", p->name, ".", f.name, " is too large to allocate (",
+                     type_str(f.type), ")");
+            elems *= std::max<std::int64_t>(a.extent, 1);
+        }
+        count(1);
         v.fields.push_back({f.name, t});
     }
     return v;
+}
+
+void leaves_at(const Program& prog, std::string_view name, const std::string& prefix, bool zeros,
+               std::vector<Program::Leaf>& out) {
+    if (auto parts = split_record_name(name)) {
+        const auto& [head, inner] = *parts;
+        if (head == "Adam") {
+            leaves_at(prog, inner, prefix + "m.", true, out);
+            leaves_at(prog, inner, prefix + "v.", true, out);
+            out.push_back({prefix + "t", {DType::i64, Shape{false, {}}}, nullptr});
+            return;
+        }
+        const std::int64_t n = array_extent(name, inner);
+        for (std::int64_t k = 0; k < n; ++k)
+            leaves_at(prog, head, prefix + std::to_string(k) + ".", zeros, out);
+        return;
+    }
+    const ast::ParamsDecl* p = prog.find_params(name);
+    for (const auto& f : p->fields) {
+        if (auto r = prog.record_name(f.type)) {
+            leaves_at(prog, *r, prefix + f.name + ".", zeros, out);
+            continue;
+        }
+        out.push_back(
+            {prefix + f.name, declared_vtype(prog, f.type, {}).schema, zeros ? nullptr : &f});
+    }
+}
+
+} // namespace
+
+VType Program::record_type(std::string_view name) const {
+    std::size_t tensors = 0;
+    return record_type_at(*this, name, 0, tensors);
+}
+
+std::vector<Program::Leaf> Program::record_leaves(std::string_view name) const {
+    record_type(name); // validates
+    std::vector<Leaf> out;
+    leaves_at(*this, name, "", false, out);
+    return out;
 }
 
 namespace {
@@ -323,7 +459,14 @@ void Lowerer::error(Span s, const std::string& msg) {
     throw Abandon{};
 }
 
+// Inlining repeats a callee's nodes at every distinct call; past this the program is refused
+// rather than exhausting memory (each callee is inlined once per distinct arguments).
+constexpr std::size_t kMaxNodes = 2'000'000;
+
 int Lowerer::op(Span at, std::string_view name, std::vector<int> args, Attrs attrs) {
+    if (b_.function().nodes.size() > kMaxNodes)
+        error(at, "the program is too large: over " + std::to_string(kMaxNodes) +
+                      " operations after inlining every call (deeply nested calls of calls?)");
     try {
         if (padder_) return padder_->op(name, std::move(args), attrs);
         return b_.op(name, std::move(args), std::move(attrs));
@@ -394,9 +537,15 @@ std::vector<int> Lowerer::flatten(const LV& v) const {
     return out;
 }
 
+LV* Lowerer::lookup(const std::string& name) {
+    for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s)
+        if (auto it = s->find(name); it != s->end()) return &it->second;
+    return nullptr;
+}
+
 void Lowerer::bind(const ast::Pattern& p, const LV& v) {
     if (!p.is_tuple()) {
-        scope_[p.name] = v;
+        scopes_.back()[p.name] = v;
         return;
     }
     if (v.kind == LV::Kind::error) {
@@ -423,6 +572,8 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
     Lowerer inner(prog_, diags_, b_, depth_ + 1);
     inner.padder_ = padder_;
     inner.file_ = file;
+    inner.memo_ = memo_;
+    std::string key;
     for (std::size_t k = 0; k < args.size(); ++k) {
         const ast::Param& p = fn.params[k];
         LV a = args[k];
@@ -436,28 +587,14 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
         }
         auto msg = match_type(prog_, type_of(a), p.type, batch, bound);
         if (!msg.empty()) error(at, fn.name + ": argument " + p.name + ": " + msg);
-        inner.scope_[p.name] = a;
+        inner.scopes_.back()[p.name] = a;
+        for (int id : flatten(a)) key += std::to_string(id) + ",";
+        key += a.kind == LV::Kind::function
+                   ? a.name + "/" + std::to_string(a.grad_wrt) + (a.with_value ? "v" : "") + ";"
+                   : ";";
     }
-    std::optional<LV> result;
-    bool failed = false;
-    for (const auto& st : fn.body) {
-        try {
-            LV v = inner.expr(*st.value);
-            if (st.kind == ast::Stmt::Kind::ret) {
-                result = v;
-                break;
-            }
-            inner.bind(st.target, v);
-        } catch (const Abandon&) {
-            failed = true;
-            if (st.kind == ast::Stmt::Kind::ret) break;
-            try {
-                inner.bind(st.target, LV::error());
-            } catch (const Abandon&) {
-            }
-        }
-    }
-    if (failed) throw Abandon{};
+    if (auto hit = memo_->results.find({&fn, key}); hit != memo_->results.end()) return hit->second;
+    std::optional<LV> result = inner.exec(fn.body, false);
     if (!result) inner.error(fn.name_span, "fn " + fn.name + " ends without a return");
     if (fn.result) {
         auto msg = match_type(prog_, inner.type_of(*result), *fn.result, batch, bound);
@@ -465,7 +602,97 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
             inner.error(fn.result->span,
                         fn.name + " returns a value that does not match its declared type: " + msg);
     }
+    memo_->results[{&fn, key}] = *result;
     return *result;
+}
+
+std::optional<LV> Lowerer::exec(const std::vector<ast::Stmt>& body, bool in_loop) {
+    bool failed = false;
+    for (const auto& st : body) {
+        try {
+            switch (st.kind) {
+            case ast::Stmt::Kind::ret: {
+                if (in_loop)
+                    error(st.span, "return inside a for loop: assign to a variable bound before "
+                                   "the loop and return after it");
+                LV v = expr(*st.value);
+                if (failed) throw Abandon{};
+                return v;
+            }
+            case ast::Stmt::Kind::let:
+                bind(st.target, expr(*st.value));
+                break;
+            case ast::Stmt::Kind::assign:
+                assign(st);
+                break;
+            case ast::Stmt::Kind::loop:
+                loop(st);
+                break;
+            }
+        } catch (const Abandon&) {
+            failed = true;
+            if (st.kind == ast::Stmt::Kind::ret) break;
+            if (st.kind == ast::Stmt::Kind::assign) {
+                if (LV* slot = lookup(st.target.name)) *slot = LV::error();
+            } else if (st.kind == ast::Stmt::Kind::let) {
+                try {
+                    bind(st.target, LV::error());
+                } catch (const Abandon&) {
+                }
+            }
+        }
+    }
+    if (failed) throw Abandon{};
+    return std::nullopt;
+}
+
+void Lowerer::assign(const ast::Stmt& st) {
+    const std::string& name = st.target.name;
+    LV* slot = lookup(name);
+    if (!slot)
+        error(st.span, "'" + name + "' is not bound: introduce it with let before assigning to it");
+    LV v = expr(*st.value);
+    slot = lookup(name); // the value may have added bindings
+    if (slot->kind == LV::Kind::error || v.kind == LV::Kind::error) throw Abandon{};
+    if (v.kind == LV::Kind::number && slot->kind == LV::Kind::tensor)
+        v = LV::tensor(tensor_of(v, st.value->span, b_.function().type(slot->id).dtype));
+    const VType want = type_of(*slot), got = type_of(v);
+    if (!(want == got) || (slot->kind == LV::Kind::function) != (v.kind == LV::Kind::function))
+        error(st.value->span, "cannot assign " + got.str() + " to '" + name + "' of type " +
+                                  want.str() + ": a variable keeps its type");
+    *slot = v;
+}
+
+namespace {
+bool is_array(const LV& v) {
+    return v.kind == LV::Kind::record && !v.name.empty() && v.name.back() == ']' &&
+           v.name.rfind("Adam[", 0) != 0;
+}
+} // namespace
+
+void Lowerer::loop(const ast::Stmt& st) {
+    LV seq = expr(*st.value);
+    std::vector<LV> items;
+    if (is_array(seq))
+        for (const auto& [_, f] : seq.fields) items.push_back(f);
+    else if (seq.kind == LV::Kind::tuple)
+        items = seq.elems;
+    else
+        error(st.value->span,
+              "for iterates over a params array (such as p.layers) or a tuple, got " +
+                  type_of(seq).str());
+    for (const auto& item : items) {
+        scopes_.emplace_back();
+        scopes_.back()[st.target.name] = item;
+        bool failed = false;
+        try {
+            exec(st.body, true);
+        } catch (const Abandon&) {
+            failed = true; // reported once, in the first iteration that fails
+        }
+        scopes_.pop_back();
+        if (failed) throw Abandon{};
+    }
 }
 
 LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
@@ -540,9 +767,9 @@ LV Lowerer::expr(const ast::Expr& e) {
     case K::boolean:
         return LV::number(e.bval ? 1.0 : 0.0);
     case K::name: {
-        if (auto it = scope_.find(e.name); it != scope_.end()) {
-            if (it->second.kind == LV::Kind::error) throw Abandon{};
-            return it->second;
+        if (LV* v = lookup(e.name)) {
+            if (v->kind == LV::Kind::error) throw Abandon{};
+            return *v;
         }
         if (prog_.find_fn(e.name).first) {
             LV f;
@@ -616,8 +843,31 @@ LV Lowerer::binary(const ast::Expr& e) {
     return LV::tensor(op(e.span, it->second, {x, y}));
 }
 
+LV Lowerer::select(const LV& base, const ast::Expr& e) {
+    const bool array = is_array(base);
+    if (e.items.size() != 1 || e.items[0].kind != ast::IndexItem::Kind::index)
+        error(e.span, std::string(array ? "a params array" : "a tuple") +
+                          " takes one integer index: " + (array ? "p.layers[2]" : "t[0]"));
+    const std::int64_t n = std::int64_t(array ? base.fields.size() : base.elems.size());
+    std::int64_t k = e.items[0].index;
+    if (k < -n || k >= n)
+        error(e.items[0].span, "index " + std::to_string(k) + " is out of range for " +
+                                   type_of(base).str() + " of " + std::to_string(n) + " elements");
+    if (k < 0) k += n;
+    return array ? base.fields[std::size_t(k)].second : base.elems[std::size_t(k)];
+}
+
 LV Lowerer::index(const ast::Expr& e) {
-    int base = tensor(*e.operands[0]);
+    LV v = expr(*e.operands[0]);
+    if (is_array(v) || v.kind == LV::Kind::tuple) return select(v, e);
+    int base = tensor_of(v, e.operands[0]->span, DType::f32);
+    for (const auto& it : e.items) {
+        if (it.kind != ast::IndexItem::Kind::gather) continue;
+        if (e.items.size() != 1)
+            error(it.span, "an index tensor must be the only item: table[ids] gathers rows");
+        int ids = tensor(*it.ids);
+        return LV::tensor(op(e.span, "gather", {base, ids}));
+    }
     std::string spec;
     for (std::size_t k = 0; k < e.items.size(); ++k) {
         const auto& it = e.items[k];
@@ -633,8 +883,14 @@ LV Lowerer::index(const ast::Expr& e) {
             spec += std::to_string(it.index);
             break;
         case ast::IndexItem::Kind::slice:
-            spec +=
-                (it.lo ? std::to_string(*it.lo) : "") + ":" + (it.hi ? std::to_string(*it.hi) : "");
+            if (it.step && *it.step <= 0)
+                error(it.span,
+                      "a slice step must be a positive integer, got " + std::to_string(*it.step));
+            spec += (it.lo ? std::to_string(*it.lo) : "") + ":" +
+                    (it.hi ? std::to_string(*it.hi) : "") +
+                    (it.step && *it.step != 1 ? ":" + std::to_string(*it.step) : "");
+            break;
+        case ast::IndexItem::Kind::gather:
             break;
         }
     }
@@ -645,7 +901,7 @@ LV Lowerer::index(const ast::Expr& e) {
 
 LV Lowerer::call(const ast::Expr& e) {
     const ast::Expr& callee = *e.operands[0];
-    if (callee.kind == ast::Expr::Kind::name && !scope_.count(callee.name) &&
+    if (callee.kind == ast::Expr::Kind::name && !lookup(callee.name) &&
         !prog_.find_fn(callee.name).first) {
         if (const Builtin* b = find_builtin(callee.name)) return (*b)(*this, e);
     }

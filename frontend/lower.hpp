@@ -26,6 +26,8 @@ struct VType {
     static VType tensor(Schema s) { return {Kind::tensor, std::move(s), {}, {}, {}}; }
     std::string str() const;
     std::vector<Schema> flatten() const; // the tensors, in order
+    // The tensors of a record or tuple with their dotted names (`layers.2.wq`), in order.
+    std::vector<std::pair<std::string, Schema>> leaves() const;
     bool operator==(const VType&) const = default;
 };
 
@@ -42,6 +44,20 @@ struct Program {
     const ast::ParamsDecl* find_params(std::string_view name) const;
     std::vector<std::string> fn_names() const;         // of the main file, in source order
     VType params_type(const ast::ParamsDecl& p) const; // rag::Error if a field is not static
+
+    // A record type by name: a params group `Model`, an array of one `Layer[4]`, or Adam state
+    // `Adam[Model]`. rag::Error if there is none.
+    VType record_type(std::string_view name) const;
+    // The name of the record type `t` denotes (`Model`, `Layer[4]`, `Adam[Model]`), if any.
+    std::optional<std::string> record_name(const ast::TypeExpr& t) const;
+    // Every tensor of a record type with its dotted name, schema and declaring field (null
+    // for Adam state, which starts at zero), in flattening order.
+    struct Leaf {
+        std::string name;
+        Schema schema;
+        const ast::ParamField* field = nullptr;
+    };
+    std::vector<Leaf> record_leaves(std::string_view name) const;
 };
 
 // Parses `src` and its imports. Diagnostics go to `diags` (for the file they are in).

@@ -39,10 +39,17 @@ struct Bindings {
     bool relabel_ragged = false;
 };
 
+// Results of user-function calls already inlined into one IR function, keyed by the callee and
+// its argument values: functions are pure, so a repeated call reuses the first one's values
+// (each callee is inlined once per distinct arguments, not once per call site).
+struct CallMemo {
+    std::map<std::pair<const ast::FnDecl*, std::string>, LV> results;
+};
+
 class Lowerer {
   public:
     Lowerer(const Program& prog, Diagnostics& diags, ir::Builder& b, int depth = 0)
-        : prog_(prog), diags_(diags), b_(b), depth_(depth) {}
+        : prog_(prog), diags_(diags), b_(b), depth_(depth), memo_(std::make_shared<CallMemo>()) {}
 
     // Inlines a call of `fn` with argument values; reports and throws Abandon on errors.
     LV call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::vector<LV>& args, Span at);
@@ -69,15 +76,22 @@ class Lowerer {
     LV call(const ast::Expr& e);
     LV binary(const ast::Expr& e);
     LV index(const ast::Expr& e);
+    LV select(const LV& base, const ast::Expr& e); // p.layers[2], t[0]
     void bind(const ast::Pattern& p, const LV& v);
+    // Runs statements; returns the value of a `return` (never inside a loop body).
+    std::optional<LV> exec(const std::vector<ast::Stmt>& body, bool in_loop);
+    void assign(const ast::Stmt& st);
+    void loop(const ast::Stmt& st);
+    LV* lookup(const std::string& name); // innermost binding, or null
 
     const Program& prog_;
     Diagnostics& diags_;
     ir::Builder& b_;
     int depth_;
     const SourceFile* file_ = nullptr;
-    std::map<std::string, LV> scope_;
+    std::vector<std::map<std::string, LV>> scopes_ = {{}}; // a function body, then loop bodies
     Padder* padder_ = nullptr;
+    std::shared_ptr<CallMemo> memo_; // shared by the Lowerers writing into b_
 };
 
 // A builtin function: lowers a call expression whose callee is the builtin's name.

@@ -54,7 +54,8 @@ bool is_space(char c) {
 }
 
 bool is_keyword(std::string_view s) {
-    for (std::string_view k : {"fn", "let", "return", "params", "import", "new", "true", "false"})
+    for (std::string_view k :
+         {"fn", "let", "return", "for", "params", "import", "new", "true", "false"})
         if (s == k) return true;
     return false;
 }
@@ -521,15 +522,25 @@ auto const index_suffix_def =
 using Item = ast::IndexItem::Kind;
 auto const slice_hi =
     act([](ast::IndexItem& i, std::int64_t v) { i.kind = Item::slice, i.hi = v; });
-auto const index_item_def = spanned
-    [(x3::lit(':')[([](auto& ctx) { x3::_val(ctx).kind = Item::keep; })] >> -sint_[slice_hi]) |
-     kw("new")[([](auto& ctx) { x3::_val(ctx).kind = Item::newaxis; })] |
-     (sint_[act([](ast::IndexItem& i, std::int64_t v) { i.kind = Item::index, i.index = v; })] >>
-      -(x3::lit(':')[([](auto& ctx) {
-            auto& i = x3::_val(ctx);
-            i.kind = Item::slice, i.lo = i.index;
-        })] >>
-        -sint_[slice_hi]))];
+auto const slice_step = act([](ast::IndexItem& i, std::int64_t v) { i.step = v; });
+auto const to_slice = [](auto& ctx) { x3::_val(ctx).kind = Item::slice; };
+// `a:b:s` after its first ':' and optional bound: an optional second ':' and step.
+auto const step_part = -(x3::lit(':')[to_slice] >> -sint_[slice_step]);
+auto const item_end = &(x3::lit(',') | ']' | ':');
+auto const index_item_def =
+    spanned[(x3::lit(':')[([](auto& ctx) { x3::_val(ctx).kind = Item::keep; })] >>
+             -sint_[slice_hi] >> step_part) |
+            kw("new")[([](auto& ctx) { x3::_val(ctx).kind = Item::newaxis; })] |
+            (sint_[act(
+                 [](ast::IndexItem& i, std::int64_t v) { i.kind = Item::index, i.index = v; })] >>
+             item_end >> -(x3::lit(':')[([](auto& ctx) {
+                               auto& i = x3::_val(ctx);
+                               i.kind = Item::slice, i.lo = i.index;
+                           })] >>
+                           -sint_[slice_hi] >> step_part)) |
+            expr[act([](ast::IndexItem& i, Node& n) {
+                i.kind = Item::gather, i.ids = share(std::move(n));
+            })]];
 auto const member_suffix_def =
     spanned[x3::lit('.') > named<std::string>("a field name after '.'", ident)[act(
                                [](Name& m, std::string& s) { m.name = std::move(s); })]];
@@ -595,7 +606,21 @@ auto const let_stmt = kw("let") > named<ast::Pattern>("a name or a tuple of name
 auto const
     return_stmt = kw("return")[([](auto& ctx) { x3::_val(ctx).kind = ast::Stmt::Kind::ret; })] >
                   operand("an expression after 'return'", expr)[set_value];
-auto const stmt_def = spanned[let_stmt | return_stmt];
+auto const assign_stmt = (decl_ident >> x3::lit('=') >>
+                          !x3::lit('='))[act([](ast::Stmt& s, std::string& n) {
+                             s.kind = ast::Stmt::Kind::assign, s.target.name = std::move(n);
+                         })] > operand("an expression after '='", expr)[set_value];
+auto const push_body = act([](ast::Stmt& s, ast::Stmt& b) { s.body.push_back(std::move(b)); });
+auto const for_stmt =
+    kw("for")[([](auto& ctx) { x3::_val(ctx).kind = ast::Stmt::Kind::loop; })] >
+    named<std::string>("a loop variable after 'for'",
+                       decl_ident)[act([](ast::Stmt& s, std::string& n) { s.target.name = n; })] >
+    named("'in' after the loop variable", kw("in")) >
+    operand("an expression after 'in'", expr)[set_value] >
+    named("'{' to start the loop body",
+          '{') > deep{"!loops nested too deeply"}[*(stmt[push_body] >> -x3::lit(';'))] >
+    named("a statement or '}' to close the loop body", '}');
+auto const stmt_def = spanned[let_stmt | return_stmt | for_stmt | assign_stmt];
 
 // Declarations. Their names go into State::decl for the messages that name them.
 auto const decl_name_def =

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 namespace {
@@ -34,7 +35,13 @@ void check_expr(const SourceFile& src, const ast::Expr& e) {
         if (!a.value) fail("null argument", "");
         check_expr(src, *a.value);
     }
-    for (const auto& i : e.items) check_span(src, i.span, "index item");
+    for (const auto& i : e.items) {
+        check_span(src, i.span, "index item");
+        if (i.kind == ast::IndexItem::Kind::gather) {
+            if (!i.ids) fail("gather item without ids", "");
+            check_expr(src, *i.ids);
+        }
+    }
 }
 
 void check_type(const SourceFile& src, const ast::TypeExpr& t) {
@@ -85,12 +92,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             check_span(src, f.name_span, "fn name");
             for (const auto& p : f.params) check_type(src, p.type);
             if (f.result) check_type(src, *f.result);
-            for (const auto& s : f.body) {
-                check_span(src, s.span, "stmt");
-                if (s.kind == ast::Stmt::Kind::let) check_pattern(src, s.target);
-                if (!s.value) fail("statement without value", "");
-                check_expr(src, *s.value);
-            }
+            std::function<void(const std::vector<ast::Stmt>&)> check_body =
+                [&](const std::vector<ast::Stmt>& body) {
+                    for (const auto& s : body) {
+                        check_span(src, s.span, "stmt");
+                        if (s.kind != ast::Stmt::Kind::ret) check_pattern(src, s.target);
+                        if (!s.value) fail("statement without value", "");
+                        check_expr(src, *s.value);
+                        check_body(s.body);
+                    }
+                };
+            check_body(f.body);
         }
         (void)frontend::to_sexpr(m);
 
