@@ -144,11 +144,7 @@ std::shared_ptr<Module> Module::compile(const std::string& source, const std::st
 }
 
 std::shared_ptr<Module> Module::load(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) fail("cannot open ", path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return compile(ss.str(), path);
+    return compile(frontend::read_source(path), path);
 }
 
 std::vector<std::string> Module::functions() const {

@@ -123,7 +123,15 @@ void relpos_map_attrs(Lowerer& L, const ast::Expr& m, Attrs& at) {
         return;
     }
     Args a = match(L, m, name, sig);
-    for (const auto& [n, e] : a.named) at.set(n, int_attr(L, *e, n.c_str()));
+    // Relation tables have a row per offset or bucket: bound them before anything is sized.
+    constexpr std::int64_t kMaxRelation = 1 << 20;
+    for (const auto& [n, e] : a.named) {
+        const std::int64_t v = int_attr(L, *e, n.c_str());
+        if (v < 0 || v > kMaxRelation)
+            L.error(e->span, name + ": " + n + " must be between 0 and " +
+                                 std::to_string(kMaxRelation) + ", got " + std::to_string(v));
+        at.set(n, v);
+    }
     if (name == "buckets") {
         std::vector<std::int64_t> rows;
         for (const auto* r : a.rest) rows.push_back(int_attr(L, *r, "a bucket row"));

@@ -2,6 +2,7 @@
 
 #include "frontend/padded.hpp"
 #include "frontend/parser.hpp"
+#include "frontend/validate.hpp"
 #include "ir/autodiff.hpp"
 #include "runtime/error.hpp"
 
@@ -336,7 +337,7 @@ VType record_type_at(const Program& prog, std::string_view name, int depth, std:
             if (a.kind != AxisKind::fixed)
                 fail("params field ", p->name, ".", f.name, " must have static dimensions, got ",
                      type_str(f.type));
-            if (a.extent > (std::int64_t(1) << 40) / std::max<std::int64_t>(elems, 1))
+            if (a.extent > (std::int64_t(1) << 32) / std::max<std::int64_t>(elems, 1))
                 fail("params field ", p->name, ".", f.name, " is too large to allocate (",
                      type_str(f.type), ")");
             elems *= std::max<std::int64_t>(a.extent, 1);
@@ -399,15 +400,19 @@ void load_unit(Program& prog, std::shared_ptr<SourceFile> src, Diagnostics& diag
     namespace fs = std::filesystem;
     for (const auto& imp : m.imports) {
         fs::path path = fs::path(src->path()).parent_path() / imp.path;
-        std::ifstream in(path);
-        if (!in || depth > 32) {
-            diags.error(imp.span, "cannot import '" + imp.path + "': no file " + path.string(),
-                        src.get());
+        std::string text;
+        try {
+            text = read_source(path.string());
+        } catch (const Error& e) {
+            diags.error(imp.span, "cannot import '" + imp.path + "': " + e.what(), src.get());
             continue;
         }
-        std::stringstream ss;
-        ss << in.rdbuf();
-        load_unit(prog, std::make_shared<SourceFile>(path.string(), ss.str()), diags, depth + 1);
+        if (depth > 32) {
+            diags.error(imp.span, "imports nest more than 32 deep", src.get());
+            continue;
+        }
+        load_unit(prog, std::make_shared<SourceFile>(path.string(), std::move(text)), diags,
+                  depth + 1);
     }
 }
 
@@ -445,6 +450,25 @@ LV unflatten(const VType& t, const std::vector<int>& ids, std::size_t& pos) {
 }
 
 } // namespace
+
+std::string read_source(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto status = fs::status(path, ec);
+    if (ec || !fs::exists(status)) fail("no file ", path);
+    if (fs::is_directory(status)) fail(path, " is a directory, not a .rag file");
+    if (!fs::is_regular_file(status)) fail(path, " is not a regular file");
+    const auto size = fs::file_size(path, ec);
+    if (ec) fail("cannot read ", path);
+    if (size > kMaxSourceBytes)
+        fail(path, " has ", size, " bytes; source files are at most ", kMaxSourceBytes);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("cannot open ", path);
+    std::string text(size, '\0');
+    in.read(text.data(), std::streamsize(size));
+    if (std::size_t(in.gcount()) != size) fail("cannot read ", path);
+    return text;
+}
 
 Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags) {
     Program prog;
@@ -986,6 +1010,9 @@ std::optional<Lowered> lower(const Program& prog, std::string_view name,
 }
 
 void check(const Program& prog, Diagnostics& diags) {
+    const std::size_t before = diags.items().size();
+    validate(prog, diags);
+    if (diags.items().size() != before) return; // lowering would repeat the same problems
     for (const auto& u : prog.units)
         for (const auto& fn : u.module.fns)
             if (fn.type_params.empty()) lower(prog, fn.name, std::nullopt, diags);

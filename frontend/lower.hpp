@@ -60,6 +60,11 @@ struct Program {
     std::vector<Leaf> record_leaves(std::string_view name) const;
 };
 
+// The text of a source file: a regular file of at most kMaxSourceBytes (rag::Error otherwise:
+// missing, a directory, a device such as /dev/urandom, too large).
+constexpr std::uintmax_t kMaxSourceBytes = 16u << 20;
+std::string read_source(const std::string& path);
+
 // Parses `src` and its imports. Diagnostics go to `diags` (for the file they are in).
 Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags);
 

@@ -454,7 +454,7 @@ x3::rule<struct arg_id, ArgNode> const arg = "an argument";
 x3::rule<struct call_suffix_id, CallSuffix> const call_suffix = "an argument list";
 x3::rule<struct index_suffix_id, IndexSuffix> const index_suffix = "an index";
 x3::rule<struct index_item_id, ast::IndexItem> const index_item =
-    "an index item such as ':', 'new', 0 or 1:3";
+    "an index item such as ':', 'new', 0, 1:3 or ids";
 x3::rule<struct member_suffix_id, Name> const member_suffix = "a field name";
 x3::rule<struct type_id, ast::TypeExpr> const type = "a type such as f32[B, ~N, 384]";
 x3::rule<struct dim_id, ast::DimExpr> const dim = "a dimension such as B, ~N or 384";

@@ -28,19 +28,54 @@ std::string SourceFile::line_text(int line) const {
     return s;
 }
 
+namespace {
+
+constexpr int kShownColumns = 120;     // of a long source line, around the caret
+constexpr std::size_t kMessage = 1000; // bytes of a message
+
+// Control bytes (NUL included) as \xNN so a diagnostic never carries them.
+std::string escaped(unsigned char c) {
+    if (c >= 0x20 && c != 0x7F) return std::string(1, char(c));
+    const char* hex = "0123456789abcdef";
+    return std::string("\\x") + hex[c >> 4] + hex[c & 15];
+}
+
+std::string shortened(const std::string& message) {
+    std::string out;
+    for (std::size_t k = 0; k < message.size() && out.size() < kMessage; ++k)
+        out += message[k] == '\n' || message[k] == '\t'
+                   ? std::string(1, message[k])
+                   : escaped(static_cast<unsigned char>(message[k]));
+    if (out.size() >= kMessage) out += "... (" + std::to_string(message.size()) + " bytes)";
+    return out;
+}
+
+} // namespace
+
 std::string SourceFile::format(const Diagnostic& d) const {
     auto [line, col] = line_col(d.span.begin);
     std::string src = line_text(line);
-    std::string out = path_ + ":" + std::to_string(line) + ":" + std::to_string(col) +
-                      ": error: " + d.message + "\n    " + src + "\n    ";
-    for (int c = 1; c < col; ++c)
-        out += (c - 1 < int(src.size()) && src[c - 1] == '\t') ? '\t' : ' ';
-    out += '^';
-    // Underline the rest of the span on this line.
     auto [end_line, end_col] = line_col(d.span.end);
-    int last = end_line == line ? end_col - 1 : int(src.size());
-    for (int c = col + 1; c <= last; ++c) out += '~';
-    return out + "\n";
+    const int last = end_line == line ? end_col - 1 : int(src.size()); // last underlined column
+    // A long line shows a window around the caret, marked with "..." where it is cut.
+    const int from = int(src.size()) > kShownColumns ? std::max(1, col - kShownColumns / 2) : 1;
+    const int to = std::min(int(src.size()), from + kShownColumns - 1);
+    std::string shown = from > 1 ? "..." : "", marks = from > 1 ? "   " : "";
+    for (int c = from; c <= to; ++c) {
+        const auto ch = static_cast<unsigned char>(src[std::size_t(c - 1)]);
+        const std::string piece = ch == '\t' ? "\t" : escaped(ch);
+        shown += piece;
+        if (c < col)
+            marks += ch == '\t' ? std::string("\t") : std::string(piece.size(), ' ');
+        else if (c == col)
+            marks += "^" + std::string(piece.size() - 1, '~');
+        else if (c <= last)
+            marks += std::string(piece.size(), '~');
+    }
+    if (to < int(src.size())) shown += "...";
+    if (col > to) marks += '^'; // at the end of the line
+    return path_ + ":" + std::to_string(line) + ":" + std::to_string(col) +
+           ": error: " + shortened(d.message) + "\n    " + shown + "\n    " + marks + "\n";
 }
 
 void Diagnostics::error(Span s, std::string message, const SourceFile* file) {

@@ -359,10 +359,10 @@ TEST(ParserErrors, ExactDiagnostics) {
     fn f() { return f(k=1, 2) }
                            ^
 )");
-    EXPECT_EQ(errors("fn f() -> f32[] { return x[1.5] }"),
-              R"(t.rag:1:28: error: expected an index item such as ':', 'new', 0 or 1:3
-    fn f() -> f32[] { return x[1.5] }
-                               ^~~
+    EXPECT_EQ(errors("fn f() -> f32[] { return x[] }"),
+              R"(t.rag:1:28: error: expected an index item such as ':', 'new', 0, 1:3 or ids
+    fn f() -> f32[] { return x[] }
+                               ^
 )");
     EXPECT_EQ(errors("fn f() { let (a, b) 3 }"),
               R"(t.rag:1:21: error: expected '=' after the let pattern
