@@ -47,7 +47,10 @@ std::vector<std::string> differences(const std::vector<std::pair<std::string, Ra
 [[noreturn]] void mismatch(const std::string& head, const std::vector<std::string>& lines) {
     std::ostringstream os;
     os << head;
-    for (const auto& l : lines) os << "\n  " << l;
+    // A wrong file for the type differs everywhere; the first lines say enough.
+    constexpr std::size_t shown = 12;
+    for (std::size_t k = 0; k < lines.size() && k < shown; ++k) os << "\n  " << lines[k];
+    if (lines.size() > shown) os << "\n  ... and " << lines.size() - shown << " more";
     throw Error(os.str());
 }
 
