@@ -193,11 +193,13 @@ Value initial_params(const Module& m, const std::string& type, const Options& o,
     return m.init(type, o.seed);
 }
 
-// The positions of the params arguments; --load and --save may not name more than there are.
-std::vector<std::size_t> params_slots(const std::vector<Value>& args, const Options& o) {
+// The positions of the params arguments; --load and --save may not name more than there are
+// (checked on the declared types, before any checkpoint is read).
+std::vector<std::size_t> params_slots(const std::vector<frontend::VType>& params,
+                                      const Options& o) {
     std::vector<std::size_t> slots;
-    for (std::size_t k = 0; k < args.size(); ++k)
-        if (args[k].kind == Value::Kind::record) slots.push_back(k);
+    for (std::size_t k = 0; k < params.size(); ++k)
+        if (params[k].kind == frontend::VType::Kind::record) slots.push_back(k);
     for (const auto* list : {&o.load, &o.save})
         if (list->size() > slots.size())
             fail(list == &o.load ? "--load" : "--save", " is given ", list->size(), " time(s) but ",
@@ -242,6 +244,7 @@ int cmd_run(const std::string& path, const Options& o) {
     Diagnostics diags(*m->program().units[0].src);
     auto decl = frontend::lower(m->program(), o.fn, std::nullopt, diags);
     if (!decl) throw CompileError(diags.str());
+    const std::vector<std::size_t> slots = params_slots(decl->params, o);
     std::vector<Value> args;
     std::uint64_t stream = 0;
     std::size_t n_params = 0;
@@ -253,7 +256,6 @@ int cmd_run(const std::string& path, const Options& o) {
         else
             fail("run: cannot make a random tuple argument");
     }
-    const std::vector<std::size_t> slots = params_slots(args, o);
     if (o.steps > 0) {
         double later = 0; // seconds of the steps after the first (which compiles)
         for (int s = 0; s < o.steps; ++s) {
