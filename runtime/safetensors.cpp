@@ -3,6 +3,7 @@
 #include "runtime/error.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -435,7 +436,10 @@ void save(const std::string& path, const Named& tensors, const Metadata& metadat
 
     // Write beside the target and rename, so a reader never sees half a checkpoint and a failed
     // save leaves the old file as it was.
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    // Unique per process and per call, so concurrent saves to one path never share a temp file.
+    static std::atomic<unsigned> serial{0};
+    const std::string tmp =
+        path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(serial++);
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);
     if (!f) fail("cannot write checkpoint ", path, ": ", std::strerror(errno));
     bool ok = true;
