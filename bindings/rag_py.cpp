@@ -1,7 +1,9 @@
 // The Python module `rag` (LANGUAGE.md section 5): load and compile programs, call their
 // functions on ragged batches, initialise params, and move data to and from NumPy and DLPack.
 // See bindings/README.md for the API and the decisions behind it.
+#include "bindings/arguments.hpp"
 #include "bindings/convert.hpp"
+#include "bindings/pickle.hpp"
 #include "dsl/module.hpp"
 #include "frontend/lower.hpp"
 #include "runtime/cuda.hpp"
@@ -13,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 
 namespace rag::bind {
@@ -229,6 +232,17 @@ py::object from_value(const Value& v) {
     return py::none();
 }
 
+// A path argument: str, bytes or os.PathLike.
+std::string fspath(py::handle path, const char* what) {
+    py::object p;
+    try {
+        p = py::module_::import("os").attr("fspath")(path);
+    } catch (py::error_already_set&) {
+        fail(what, ": expected a file path (str or os.PathLike), got ", type_name(path));
+    }
+    return p.cast<std::string>(); // str or bytes
+}
+
 // ---- modules --------------------------------------------------------------------------------
 
 // Module keeps a specialisation cache and stats that calls update, so calls on one module are
@@ -366,6 +380,8 @@ std::vector<Axis> axes_from_indices(py::handle indices, const std::vector<std::i
     const int d = int(extents.size());
     std::set<int> ragged;
     for (py::handle h : indices) {
+        if (!py::isinstance<py::int_>(h))
+            fail("ragged_axes: expected per-sample axis numbers (ints), got ", type_name(h));
         int a = h.cast<int>();
         if (a < -d || a >= d)
             fail("ragged axis ", a, " out of range for samples of rank ", d,
@@ -502,7 +518,7 @@ PYBIND11_MODULE(rag, m) {
     using namespace rag;
     using namespace rag::bind;
     m.doc() = "rag: a tensor language for ragged data (LANGUAGE.md section 5).";
-    m.attr("__version__") = "0.1.0";
+    m.attr("__version__") = RAG_VERSION;
     m.attr("dtypes") = py::make_tuple("f16", "bf16", "f32", "f64", "i32", "i64", "bool");
 
     // The exception types live as long as the process (no destructor runs after finalisation).
@@ -520,6 +536,16 @@ PYBIND11_MODULE(rag, m) {
             PyErr_SetString(compile_error, e.what());
         } catch (const Error& e) {
             PyErr_SetString(error, e.what());
+        } catch (const std::bad_alloc&) {
+            // Sizes come from the user; an allocation that fails is theirs to shrink.
+            PyErr_SetString(error, "out of memory: the values asked for do not fit in this "
+                                   "machine's memory");
+        } catch (const std::length_error&) {
+            PyErr_SetString(error, "out of memory: a size asked for is larger than any "
+                                   "allocation can be");
+        } catch (const py::cast_error&) {
+            PyErr_SetString(error, "a value of the wrong type was given (see help() of the "
+                                   "function for what it takes)");
         }
     });
 
@@ -674,7 +700,8 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             "DLPack export of the packed values (see `values`): zero copy, CPU, legacy "
             "\"dltensor\" capsule.")
         .def("__dlpack_device__",
-             [](const RaggedTensor&) { return py::make_tuple(int(kDLCPU), 0); });
+             [](const RaggedTensor&) { return py::make_tuple(int(kDLCPU), 0); })
+        .def(py::pickle(&tensor_state, &tensor_from_state));
 
     // ---- Params -----------------------------------------------------------------------------
     py::class_<Params>(m, "Params",
@@ -736,6 +763,36 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                 return q;
             },
             "A deep copy (fresh buffers).")
+        .def(
+            "save",
+            [](const Params& p, py::object path) {
+                const std::string file = fspath(path, "rag.Params.save");
+                const Value v = p.value();
+                py::gil_scoped_release nogil;
+                save_checkpoint(v, file);
+            },
+            "path"_a,
+            "Write a safetensors checkpoint: one tensor per (dotted) field name, written to a "
+            "temporary file and renamed over `path`.")
+        .def(py::pickle(
+            [](const Params& p) {
+                py::list fields;
+                for (const auto& [n, t] : p.fields) fields.append(py::make_tuple(n, t));
+                return py::make_tuple(p.record, fields);
+            },
+            [](const py::tuple& s) {
+                if (s.size() != 2) fail("rag.Params state: expected (name, fields)");
+                Params p;
+                p.record = py::str(s[0]).cast<std::string>();
+                for (py::handle f : s[1]) {
+                    py::tuple nt = py::reinterpret_borrow<py::tuple>(f);
+                    if (nt.size() != 2 || !py::isinstance<RaggedTensor>(nt[1]))
+                        fail("rag.Params state: a field is not (name, rag.Tensor)");
+                    p.fields.emplace_back(py::str(nt[0]).cast<std::string>(),
+                                          nt[1].cast<RaggedTensor>());
+                }
+                return p;
+            }))
         .def("__repr__", [](const Params& p) {
             std::string s = "rag.Params(" + p.record + ": ";
             for (std::size_t k = 0; k < p.fields.size(); ++k)
@@ -843,6 +900,32 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             },
             "name"_a, "seed"_a = 0, "Deterministic initialisation of a params group.")
         .def(
+            "load_params",
+            [](PyModule& pm, const std::string& type, py::object path) {
+                const std::string file = fspath(path, "rag.Module.load_params");
+                Value v;
+                {
+                    py::gil_scoped_release nogil;
+                    v = pm.mod->load_params(type, file);
+                }
+                return Params::of(v);
+            },
+            "type"_a, "path"_a,
+            "Read a params record of `type` (e.g. 'Model', 'Adam[Model]') from a safetensors "
+            "file; a missing, extra or mis-shaped name is a rag.Error naming it.")
+        .def(
+            "save_params",
+            [](PyModule& pm, py::object params, py::object path) {
+                if (!py::isinstance<Params>(params))
+                    fail("save_params: expected rag.Params, got ", type_name(params));
+                const Value v = params.cast<const Params&>().value();
+                const std::string file = fspath(path, "rag.Module.save_params");
+                py::gil_scoped_release nogil;
+                pm.mod->save_params(v, file);
+            },
+            "params"_a, "path"_a,
+            "p.save(path), after checking p against its params type in this module.")
+        .def(
             "ir",
             [](PyModule& pm, const std::string& name, py::args args) {
                 return ir_of(pm, name, args);
@@ -875,8 +958,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
     m.def(
         "load",
         [](py::object path, const std::string& tier, bool padded, const std::string& device) {
-            std::string p =
-                py::str(py::module_::import("os").attr("fspath")(path)).cast<std::string>();
+            std::string p = fspath(path, "rag.load");
             std::shared_ptr<Module> mod;
             {
                 py::gil_scoped_release nogil;
@@ -938,4 +1020,6 @@ or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [
         "obj"_a, "batched"_a = false,
         "A tensor from a DLPack producer (NumPy, PyTorch, ...) in CPU memory; zero copy when the\n"
         "memory is C-contiguous and 64-byte aligned, one copy otherwise.");
+
+    install_argument_errors(m);
 }

@@ -8,6 +8,7 @@
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,17 +21,36 @@ namespace {
 
 using namespace rag;
 
-const char* usage = R"(usage: rag COMMAND FILE [options]
+#ifndef RAG_VERSION
+#define RAG_VERSION "unknown" // meson.build's project() version is passed in as -DRAG_VERSION
+#endif
 
-commands:
-  check FILE                    parse and type-check every function; print diagnostics
-  run FILE --fn NAME [options]  call NAME on random ragged inputs and summarise the results
+// One entry per command: `rag --help` prints them all, `rag COMMAND --help` its own.
+struct Command {
+    const char* name;
+    const char* help;
+};
+
+const Command commands[] = {
+    {"check",
+     R"(  check FILE                    parse and type-check every function; print diagnostics
+)"},
+    {"run",
+     R"(  run FILE --fn NAME [options]  call NAME on random ragged inputs and summarise the results
       --lengths 5,17,9          the ragged lengths of the batch (default 5,17,9); every
                                 ragged axis gets these lengths (a second ragged name gets
                                 them reversed)
       --seed S                  seed for inputs and params (default 0)
-      --steps K                 for a function returning (loss, params): run K steps, feeding
-                                the params back, and print each loss
+      --steps K                 for a function returning (loss, params...) that takes those
+                                params: run K steps, feeding the params back, and print each
+                                loss
+      --load CKPT               the params argument comes from this safetensors checkpoint
+                                instead of its initialiser (repeat for a second params
+                                argument, in order)
+      --save CKPT               after the run, write the params argument as fed back (after
+                                the last of --steps, or the params a (loss, params...) result
+                                returns; otherwise as given) to this checkpoint (repeat as
+                                for --load)
       --stats                   print compilations and cache hits per function
       --tier jit|interp         the LLVM-compiled CPU tier (default) or the reference
                                 interpreter
@@ -38,13 +58,50 @@ commands:
                                 and device
       --padded                  run on the dense envelope B x N_max x ... with masks (the
                                 padded baseline); same valid results
-  ir FILE --fn NAME [--plan]    print the SSA IR of NAME on its declared types (--plan: how
+)"},
+    {"ir",
+     R"(  ir FILE --fn NAME [--plan]    print the SSA IR of NAME on its declared types (--plan: how
                                 the CPU JIT runs it: fused loops, GEMMs, reference kernels)
-  ptx FILE --fn NAME [--arch A]  print the PTX of NAME's GPU kernels on its declared types
+)"},
+    {"ptx",
+     R"(  ptx FILE --fn NAME [--arch A]  print the PTX of NAME's GPU kernels on its declared types
                                 (--arch sm_90, the default, or sm_80)
-  repl                          an interactive session (:help inside)
-  --help                        this text
-)";
+)"},
+    {"repl",
+     R"(  repl                          an interactive session (:help inside); reading a pipe,
+                                errors go to stderr and the exit status is 1 if any
+)"},
+};
+
+std::string usage() {
+    std::string s = "usage: rag COMMAND FILE [options]\n\ncommands:\n";
+    for (const auto& c : commands) s += c.help;
+    s += "  --help                        this text (rag COMMAND --help: one command's)\n"
+         "  --version                     the version of rag\n";
+    return s;
+}
+
+// A command line that rag cannot make sense of: exit status 2, like usage errors elsewhere.
+class UsageError : public Error {
+  public:
+    using Error::Error;
+};
+
+template <class... Parts> [[noreturn]] void usage_fail(const Parts&... parts) {
+    std::ostringstream os;
+    (os << ... << parts);
+    throw UsageError(os.str());
+}
+
+// A flag's integer value in [0, max]; anything else names the flag and what it got.
+std::uint64_t parse_count(const std::string& flag, const std::string& text, std::uint64_t max) {
+    std::uint64_t v = 0;
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(text.data(), end, v);
+    if (text.empty() || ec != std::errc() || ptr != end || v > max)
+        usage_fail(flag, " takes an integer from 0 to ", max, ", got '", text, "'");
+    return v;
+}
 
 struct Options {
     std::string fn;
@@ -57,23 +114,16 @@ struct Options {
     std::string device = "cpu";
     std::string arch = "sm_90";
     bool padded = false;
+    std::vector<std::string> load, save; // checkpoints for the params arguments, in order
 };
 
 std::vector<std::int64_t> parse_lengths(const std::string& s) {
     std::vector<std::int64_t> out;
     std::stringstream ss(s);
     std::string tok;
-    while (std::getline(ss, tok, ',')) {
-        std::size_t used = 0;
-        long long v = -1;
-        try {
-            v = std::stoll(tok, &used);
-        } catch (...) {
-        }
-        if (v < 0 || used != tok.size()) fail("--lengths: '", tok, "' is not a length");
-        out.push_back(v);
-    }
-    if (out.empty()) fail("--lengths needs at least one length");
+    while (std::getline(ss, tok, ','))
+        out.push_back(std::int64_t(parse_count("--lengths", tok, std::uint64_t(1) << 40)));
+    if (out.empty()) usage_fail("--lengths needs at least one length");
     return out;
 }
 
@@ -135,6 +185,50 @@ void summarise(const Value& v, const std::string& name) {
         std::printf("  mean=%.6g std=%.6g min=%.6g max=%.6g\n", mean, sd, lo, hi);
 }
 
+// ---- checkpoints for `rag run` (--load, --save) ----------------------------------------------
+
+// The k-th params argument: from the k-th --load checkpoint when given, else initialised.
+Value initial_params(const Module& m, const std::string& type, const Options& o, std::size_t k) {
+    if (k < o.load.size()) return m.load_params(type, o.load[k]);
+    return m.init(type, o.seed);
+}
+
+// The positions of the params arguments; --load and --save may not name more than there are
+// (checked on the declared types, before any checkpoint is read).
+std::vector<std::size_t> params_slots(const std::vector<frontend::VType>& params,
+                                      const Options& o) {
+    std::vector<std::size_t> slots;
+    for (std::size_t k = 0; k < params.size(); ++k)
+        if (params[k].kind == frontend::VType::Kind::record) slots.push_back(k);
+    for (const auto* list : {&o.load, &o.save})
+        if (list->size() > slots.size())
+            fail(list == &o.load ? "--load" : "--save", " is given ", list->size(), " time(s) but ",
+                 o.fn, " takes ", slots.size(), " params argument(s)");
+    return slots;
+}
+
+// A step's result (loss, params...) holds one new value per params argument, in order, of the
+// same types; those replace the arguments. False when `r` is not of that shape.
+bool feed_back(std::vector<Value>& args, const std::vector<std::size_t>& slots, const Value& r) {
+    if (r.kind != Value::Kind::tuple || slots.empty() || r.elems.size() != 1 + slots.size() ||
+        r.elems[0].kind != Value::Kind::tensor)
+        return false;
+    for (std::size_t k = 0; k < slots.size(); ++k)
+        if (r.elems[1 + k].kind != Value::Kind::record ||
+            r.elems[1 + k].record != args[slots[k]].record)
+            return false;
+    for (std::size_t k = 0; k < slots.size(); ++k) args[slots[k]] = r.elems[1 + k];
+    return true;
+}
+
+void save_params(const Module& m, const std::vector<Value>& args,
+                 const std::vector<std::size_t>& slots, const Options& o) {
+    for (std::size_t k = 0; k < o.save.size(); ++k) {
+        m.save_params(args[slots[k]], o.save[k]);
+        std::printf("saved %s to %s\n", args[slots[k]].record.c_str(), o.save[k].c_str());
+    }
+}
+
 int cmd_check(const std::string& path) {
     Module::load(path);
     std::printf("%s: ok\n", path.c_str());
@@ -150,21 +244,19 @@ int cmd_run(const std::string& path, const Options& o) {
     Diagnostics diags(*m->program().units[0].src);
     auto decl = frontend::lower(m->program(), o.fn, std::nullopt, diags);
     if (!decl) throw CompileError(diags.str());
+    const std::vector<std::size_t> slots = params_slots(decl->params, o);
     std::vector<Value> args;
     std::uint64_t stream = 0;
+    std::size_t n_params = 0;
     for (const auto& t : decl->params) {
         if (t.kind == frontend::VType::Kind::record)
-            args.push_back(m->init(t.record, o.seed));
+            args.push_back(initial_params(*m, t.record, o, n_params++));
         else if (t.kind == frontend::VType::Kind::tensor)
             args.push_back(random_tensor(t.schema, o, stream++));
         else
             fail("run: cannot make a random tuple argument");
     }
     if (o.steps > 0) {
-        // (loss, params) -> feed params back.
-        int slot = -1;
-        for (std::size_t k = 0; k < args.size(); ++k)
-            if (args[k].kind == Value::Kind::record) slot = int(k);
         double later = 0; // seconds of the steps after the first (which compiles)
         for (int s = 0; s < o.steps; ++s) {
             auto t0 = std::chrono::steady_clock::now();
@@ -172,11 +264,11 @@ int cmd_run(const std::string& path, const Options& o) {
             if (s > 0)
                 later +=
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (r.kind != Value::Kind::tuple || r.elems.size() != 2 || slot < 0 ||
-                r.elems[1].kind != Value::Kind::record || r.elems[0].kind != Value::Kind::tensor)
-                fail("--steps needs a function returning (loss, params) that takes the params");
+            if (!feed_back(args, slots, r))
+                fail("--steps needs a function returning (loss, params...) with one new value "
+                     "per params argument, in order; ",
+                     o.fn, " returns ", r.type_str());
             std::printf("step %d loss %.6f\n", s + 1, r.elems[0].tensor.item());
-            args[std::size_t(slot)] = r.elems[1];
         }
         if (o.steps > 1)
             std::printf("%.3f ms/step after the first step\n", 1e3 * later / (o.steps - 1));
@@ -187,8 +279,11 @@ int cmd_run(const std::string& path, const Options& o) {
                 summarise(arg, "arg " + decl->fn.nodes[std::size_t(decl->fn.inputs[flat])].label);
             flat += arg.kind == Value::Kind::record ? arg.fields.size() : 1;
         }
-        summarise(m->call(o.fn, args), o.fn);
+        const Value r = m->call(o.fn, args);
+        summarise(r, o.fn);
+        if (!o.save.empty()) feed_back(args, slots, r);
     }
+    save_params(*m, args, slots, o);
     if (o.stats)
         for (const auto& [fn, st] : m->stats())
             std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f\n",
@@ -215,64 +310,107 @@ int cmd_ptx(const std::string& path, const Options& o) {
     return 0;
 }
 
+// The command line: a command, its FILE and options. Throws UsageError when it makes no sense.
+int dispatch(const std::vector<std::string>& a) {
+    if (a.empty()) {
+        std::fputs(usage().c_str(), stderr);
+        return 2;
+    }
+    if (a[0] == "--help" || a[0] == "-h" || a[0] == "help") {
+        if (a.size() > 1)
+            for (const auto& c : commands)
+                if (a[1] == c.name) {
+                    std::printf("usage:\n%s", c.help);
+                    return 0;
+                }
+        std::fputs(usage().c_str(), stdout);
+        return 0;
+    }
+    if (a[0] == "--version" || a[0] == "-V" || a[0] == "version") {
+        std::printf("rag %s\n", RAG_VERSION);
+        return 0;
+    }
+    const Command* cmd = nullptr;
+    for (const auto& c : commands)
+        if (a[0] == c.name) cmd = &c;
+    if (!cmd) {
+        std::string names;
+        for (const auto& c : commands) names += std::string(names.empty() ? "" : ", ") + c.name;
+        usage_fail(a[0].starts_with("-") ? "unknown option '" : "unknown command '", a[0],
+                   "'; the commands are ", names, " (rag --help)");
+    }
+    for (const auto& s : a)
+        if (s == "--help" || s == "-h") {
+            std::printf("usage:\n%s", cmd->help);
+            return 0;
+        }
+    const std::string name = cmd->name;
+    if (name == "repl") {
+        if (a.size() > 1) usage_fail("repl takes no arguments, got '", a[1], "'");
+        return run_repl(stdin, stdout);
+    }
+    if (a.size() < 2 || a[1].starts_with("--"))
+        usage_fail(name, " needs a FILE (rag ", name, " --help)");
+    Options o;
+    for (std::size_t k = 2; k < a.size(); ++k) {
+        auto value = [&]() -> const std::string& {
+            if (k + 1 >= a.size()) usage_fail(a[k], " needs a value");
+            return a[++k];
+        };
+        if (a[k] == "--fn")
+            o.fn = value();
+        else if (a[k] == "--lengths")
+            o.lengths = parse_lengths(value());
+        else if (a[k] == "--seed")
+            o.seed = parse_count("--seed", value(), ~std::uint64_t(0));
+        else if (a[k] == "--steps")
+            o.steps = int(parse_count("--steps", value(), 1u << 30));
+        else if (a[k] == "--load")
+            o.load.push_back(value());
+        else if (a[k] == "--save")
+            o.save.push_back(value());
+        else if (a[k] == "--stats")
+            o.stats = true;
+        else if (a[k] == "--plan")
+            o.plan = true;
+        else if (a[k] == "--padded")
+            o.padded = true;
+        else if (a[k] == "--arch")
+            o.arch = value();
+        else if (a[k] == "--device") {
+            o.device = value();
+            if (o.device != "cpu" && o.device != "cuda")
+                usage_fail("--device takes cpu or cuda, got '", o.device, "'");
+        } else if (a[k] == "--tier") {
+            const std::string& t = value();
+            if (t != "jit" && t != "interp")
+                usage_fail("--tier takes jit or interp, got '", t, "'");
+            o.tier = t == "jit" ? Tier::jit : Tier::interpreter;
+        } else
+            usage_fail("unknown option '", a[k], "' for rag ", name, " (rag ", name, " --help)");
+    }
+    if (name == "check") return cmd_check(a[1]);
+    if (name == "run") return cmd_run(a[1], o);
+    if (name == "ir") return cmd_ir(a[1], o);
+    return cmd_ptx(a[1], o);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
-    std::vector<std::string> a(argv + 1, argv + argc);
-    for (const auto& s : a)
-        if (s == "--help" || s == "-h") {
-            std::fputs(usage, stdout);
-            return 0;
-        }
-    if (!a.empty() && a[0] == "repl") return run_repl(stdin, stdout);
-    if (a.size() < 2) {
-        std::fputs(usage, stderr);
-        return 2;
-    }
     try {
-        Options o;
-        for (std::size_t k = 2; k < a.size(); ++k) {
-            auto value = [&]() -> const std::string& {
-                if (k + 1 >= a.size()) fail(a[k], " needs a value");
-                return a[++k];
-            };
-            if (a[k] == "--fn")
-                o.fn = value();
-            else if (a[k] == "--lengths")
-                o.lengths = parse_lengths(value());
-            else if (a[k] == "--seed")
-                o.seed = std::stoull(value());
-            else if (a[k] == "--steps")
-                o.steps = std::stoi(value());
-            else if (a[k] == "--stats")
-                o.stats = true;
-            else if (a[k] == "--plan")
-                o.plan = true;
-            else if (a[k] == "--padded")
-                o.padded = true;
-            else if (a[k] == "--arch")
-                o.arch = value();
-            else if (a[k] == "--device") {
-                o.device = value();
-                if (o.device != "cpu" && o.device != "cuda")
-                    fail("--device takes cpu or cuda, got '", o.device, "'");
-            } else if (a[k] == "--tier") {
-                const std::string& t = value();
-                if (t != "jit" && t != "interp") fail("--tier takes jit or interp, got '", t, "'");
-                o.tier = t == "jit" ? Tier::jit : Tier::interpreter;
-            } else
-                fail("unknown option '", a[k], "' (see rag --help)");
-        }
-        if (a[0] == "check") return cmd_check(a[1]);
-        if (a[0] == "run") return cmd_run(a[1], o);
-        if (a[0] == "ir") return cmd_ir(a[1], o);
-        if (a[0] == "ptx") return cmd_ptx(a[1], o);
-        fail("unknown command '", a[0], "' (see rag --help)");
+        return dispatch(std::vector<std::string>(argv + 1, argv + argc));
     } catch (const CompileError& e) {
         std::fputs(e.what(), stderr);
         return 1;
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "rag: error: %s\n", e.what());
+        return 2;
     } catch (const Error& e) {
         std::fprintf(stderr, "rag: error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fputs("rag: error: out of memory\n", stderr);
         return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "rag: error: %s\n", e.what());

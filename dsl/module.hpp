@@ -33,6 +33,9 @@ struct Value {
     std::string type_str() const;
 };
 
+// Writes a params record's fields as they are (no program to check them against).
+void save_checkpoint(const Value& params, const std::string& path);
+
 // A compile error: the formatted diagnostics of the whole file.
 class CompileError : public Error {
   public:
@@ -73,6 +76,15 @@ class Module {
     void set_padded(bool on) { padded_ = on; }
     bool padded() const { return padded_; }
     const frontend::Program& program() const { return *prog_; }
+
+    // Checkpoints (dsl/checkpoint.cpp): safetensors files, one tensor per dotted field name.
+    // The fields of a params type (Adam[...] included) as init makes them, in order.
+    std::vector<std::pair<std::string, Schema>> param_fields(std::string_view type) const;
+    // Writes a params record after checking it against its type's fields.
+    void save_params(const Value& params, const std::string& path) const;
+    // A params record of `type` from a file; a missing, extra, mis-shaped or mis-typed name is
+    // an error naming it with the expected and the found schema.
+    Value load_params(std::string_view type, const std::string& path) const;
 
   private:
     struct Compiled;

@@ -88,8 +88,10 @@ std::optional<std::string> read_terminal(const char* prompt) {
 } // namespace
 
 int run_repl(std::FILE* in, std::FILE* out) {
-    repl::Session session(out);
     const bool tty = in == stdin && isatty(fileno(in));
+    // At a terminal errors are part of the conversation; from a pipe (a script) they go to
+    // stderr and make the exit status 1, so a failing script fails.
+    repl::Session session(out, tty ? out : stderr);
     std::string history;
     if (tty) {
         if (const char* home = std::getenv("HOME")) history = std::string(home) + "/.rag_history";
@@ -148,7 +150,7 @@ int run_repl(std::FILE* in, std::FILE* out) {
     }
     completing = nullptr;
     std::fflush(out);
-    return 0;
+    return !tty && session.had_error() ? 1 : 0;
 }
 
 } // namespace rag

@@ -252,7 +252,7 @@ std::optional<Session::Prepared> Session::prepare(const std::shared_ptr<SourceFi
             c.module = Module::compile(c.source, "<repl>");
         } catch (const CompileError& e) {
             std::string why = remap(c.source, chunks, &site, {});
-            say(why.empty() ? e.what() : why);
+            complain(why.empty() ? e.what() : why);
             return std::nullopt;
         }
         labels_[c.fn] = c.label;
@@ -282,7 +282,7 @@ std::optional<Value> Session::evaluate(const std::shared_ptr<SourceFile>& entry,
                 for (const auto& a : p->args) types.push_back(vtype_of(prog, a));
                 frontend::lower(prog, p->fn, types, d);
             });
-        say(why.empty() ? e.what() : why);
+        complain(why.empty() ? e.what() : why);
     } catch (const Error& e) {
         std::string msg = e.what();
         if (msg.rfind(p->fn + ": ", 0) == 0) msg.erase(0, p->fn.size() + 2);

@@ -34,6 +34,10 @@ const char* help_text =
   :ir NAME               the IR of fn NAME on its declared types (or :ir EXPR)
   :ptx NAME [sm_80]      the PTX of fn NAME's GPU kernels (default sm_90)
   :load FILE             add a file's definitions
+  :load NAME TYPE FILE   bind NAME to params of type TYPE (Model, Adam[Model], ...) read
+                         from a safetensors checkpoint
+  :save NAME FILE        write the params variable NAME to a safetensors checkpoint (one
+                         tensor per dotted field name)
   :time EXPR             evaluate (or let) and print the wall time
   :stats                 compilations and cache hits per evaluated expression
   :vars   :defs          the variables; the definitions' source
@@ -83,19 +87,27 @@ std::string word_at(const std::string& s, std::uint32_t i) {
 
 } // namespace
 
-Session::Session(std::FILE* out) : out_(out), base_(Module::compile("", "<repl>")) {}
+Session::Session(std::FILE* out, std::FILE* err)
+    : out_(out), err_(err ? err : out), base_(Module::compile("", "<repl>")) {}
 
 void Session::say(const std::string& s) {
     std::fputs(s.c_str(), out_);
 }
 
+void Session::complain(const std::string& s) {
+    had_error_ = true;
+    if (err_ != out_) std::fflush(out_); // keeps answers and errors in order on a shared terminal
+    std::fputs(s.c_str(), err_);
+    std::fflush(err_);
+}
+
 void Session::error(const std::string& msg) {
-    say("error: " + msg + "\n");
+    complain("error: " + msg + "\n");
 }
 
 void Session::diag(const SourceFile& src, std::uint32_t begin, std::uint32_t end,
                    const std::string& msg) {
-    say(src.format({{begin, std::max(begin, end)}, msg, nullptr}));
+    complain(src.format({{begin, std::max(begin, end)}, msg, nullptr}));
 }
 
 // ---- definitions --------------------------------------------------------------------------
@@ -114,9 +126,9 @@ void Session::define(const std::shared_ptr<SourceFile>& src, bool from_file) {
     Diagnostics d(*src);
     ast::Module m = frontend::parse(*src, d);
     if (!d.empty()) {
-        say(d.str());
-        say(from_file ? "(nothing loaded; the definitions are as before)\n"
-                      : "(not defined; the definitions are as before)\n");
+        complain(d.str());
+        complain(from_file ? "(nothing loaded; the definitions are as before)\n"
+                           : "(not defined; the definitions are as before)\n");
         return;
     }
     std::vector<Chunk> added;
@@ -156,8 +168,8 @@ void Session::define(const std::shared_ptr<SourceFile>& src, bool from_file) {
         *it = a;
     }
     if (!install(std::move(chunks))) {
-        say(from_file ? "(nothing loaded; the definitions are as before)\n"
-                      : "(not defined; the definitions are as before)\n");
+        complain(from_file ? "(nothing loaded; the definitions are as before)\n"
+                           : "(not defined; the definitions are as before)\n");
         return;
     }
     // Typed definitions are shown as `<fn NAME>` in later diagnostics; a file keeps its lines.
@@ -205,7 +217,7 @@ bool Session::install(std::vector<Chunk> chunks) {
         m = Module::compile(source, "<repl>");
     } catch (const CompileError& e) {
         std::string why = remap(source, chunks, nullptr, {});
-        say(why.empty() ? e.what() : why);
+        complain(why.empty() ? e.what() : why);
         return false;
     }
     chunks_ = std::move(chunks);
@@ -285,7 +297,24 @@ void Session::command(const std::shared_ptr<SourceFile>& src) {
     } else if (name == "ptx") {
         if (need("a function name")) cmd_ptx(arg);
     } else if (name == "load" || name == "l") {
-        if (need("a file")) cmd_load(arg);
+        if (!need("a file, or NAME TYPE FILE")) return;
+        std::istringstream in(arg);
+        std::vector<std::string> words;
+        for (std::string w; in >> w;) words.push_back(w);
+        if (words.size() == 3 && !std::filesystem::exists(arg))
+            cmd_load_params(words[0], words[1], words[2]);
+        else
+            cmd_load(arg);
+    } else if (name == "save") {
+        if (!need("NAME FILE")) return;
+        std::istringstream in(arg);
+        std::vector<std::string> words;
+        for (std::string w; in >> w;) words.push_back(w);
+        if (words.size() != 2) {
+            error(":save takes NAME FILE: a params variable and the checkpoint to write");
+            return;
+        }
+        cmd_save(words[0], words[1]);
     } else if (name == "time") {
         if (!need("an expression or a let")) return;
         auto t0 = std::chrono::steady_clock::now();
@@ -316,7 +345,7 @@ void Session::cmd_type(const std::shared_ptr<SourceFile>& src, std::uint32_t beg
     Diagnostics d(*p->module->program().units.at(0).src);
     auto lowered = frontend::lower(p->module->program(), p->fn, std::nullopt, d);
     if (!lowered) {
-        say(d.str());
+        complain(d.str());
         return;
     }
     say(lowered->result.str() + "\n");
@@ -334,7 +363,7 @@ void Session::cmd_ir(const std::shared_ptr<SourceFile>& src, std::uint32_t begin
                 remap(source, chunks, nullptr, [&](const frontend::Program& prog, Diagnostics& d) {
                     frontend::lower(prog, arg, std::nullopt, d);
                 });
-            say(why.empty() ? e.what() : why);
+            complain(why.empty() ? e.what() : why);
         }
         return;
     }
@@ -359,7 +388,7 @@ void Session::cmd_ptx(const std::string& arg) {
     Diagnostics d(*base_->program().units.at(0).src);
     auto lowered = frontend::lower(base_->program(), fn, std::nullopt, d);
     if (!lowered) {
-        say(d.str());
+        complain(d.str());
         return;
     }
     try {
@@ -379,6 +408,32 @@ void Session::cmd_load(const std::string& path) {
     std::stringstream ss;
     ss << in.rdbuf();
     define(std::make_shared<SourceFile>(path, ss.str()), true);
+}
+
+void Session::cmd_save(const std::string& name, const std::string& path) {
+    auto it = vars_.find(name);
+    if (it == vars_.end()) {
+        error("no variable named '" + name + "'");
+        return;
+    }
+    if (it->second.kind != Value::Kind::record) {
+        error(name + " is a " + type_decl(it->second) + ", not params; :save writes params");
+        return;
+    }
+    base_->save_params(it->second, path);
+    say("saved " + name + " (" + it->second.record + ") to " + path + "\n");
+}
+
+void Session::cmd_load_params(const std::string& name, const std::string& type,
+                              const std::string& path) {
+    if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') ||
+        word_at(name, 0) != name) {
+        error(":load NAME TYPE FILE: '" + name + "' is not a variable name");
+        return;
+    }
+    Value v = base_->load_params(type, path);
+    vars_[name] = v;
+    for (const auto& line : show_value(v, name, false)) say(line + "\n");
 }
 
 void Session::cmd_stats() {
@@ -423,9 +478,9 @@ void Session::cmd_defs() {
 }
 
 std::vector<std::string> Session::completions() const {
-    std::vector<std::string> out = {":help", ":quit",  ":type",  ":ir",    ":ptx",  ":load",
-                                    ":time", ":stats", ":vars",  ":defs",  "randn", "init",
-                                    "let",   "fn",     "params", "import", "return"};
+    std::vector<std::string> out = {":help", ":save", ":quit",  ":type",  ":ir",    ":ptx",
+                                    ":load", ":time", ":stats", ":vars",  ":defs",  "randn",
+                                    "init",  "let",   "fn",     "params", "import", "return"};
     for (const char* b : {"exp",
                           "log",
                           "sqrt",

@@ -99,10 +99,12 @@ int open_brackets(const std::string& text);
 
 class Session {
   public:
-    explicit Session(std::FILE* out);
+    // Answers go to `out`; errors to `err` (null: `out` too).
+    explicit Session(std::FILE* out, std::FILE* err = nullptr);
     // One complete entry (a definition, `let`, expression or :command). Never throws.
     void handle(const std::string& entry);
     bool finished() const { return quit_; }
+    bool had_error() const { return had_error_; }
     // Names for completion: commands, variables, functions, params groups.
     std::vector<std::string> completions() const;
 
@@ -139,6 +141,7 @@ class Session {
     };
 
     void say(const std::string& s);
+    void complain(const std::string& s); // an error's text: to err_, and remembered
     void error(const std::string& msg);
     void diag(const SourceFile& src, std::uint32_t begin, std::uint32_t end,
               const std::string& msg);
@@ -169,12 +172,16 @@ class Session {
     void cmd_ir(const std::shared_ptr<SourceFile>& entry, std::uint32_t begin);
     void cmd_ptx(const std::string& arg); // NAME [arch]
     void cmd_load(const std::string& path);
+    void cmd_save(const std::string& name, const std::string& path);
+    void cmd_load_params(const std::string& name, const std::string& type, const std::string& path);
     void cmd_stats();
     void cmd_vars();
     void cmd_defs();
 
     std::FILE* out_;
+    std::FILE* err_;
     bool quit_ = false;
+    bool had_error_ = false;
     std::vector<Chunk> chunks_;
     std::shared_ptr<Module> base_; // the definitions alone
     std::map<std::string, Value> vars_;
