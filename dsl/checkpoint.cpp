@@ -4,6 +4,7 @@
 // Adam state need nothing special.
 #include "dsl/module.hpp"
 
+#include "frontend/lower.hpp"
 #include "runtime/error.hpp"
 #include "runtime/safetensors.hpp"
 
@@ -63,20 +64,9 @@ void save_checkpoint(const Value& params, const std::string& path) {
     safetensors::save(path, params.fields, {{type_key, params.record}});
 }
 
-namespace {
-
-std::vector<std::pair<std::string, Schema>> fields_of(const Value& v) {
-    std::vector<std::pair<std::string, Schema>> out;
-    for (const auto& [n, t] : v.fields) out.emplace_back(n, t.schema());
-    return out;
-}
-
-} // namespace
-
-// init is the one place that knows every params type's fields (nested groups, arrays,
-// Adam[...]); seed 0 is as good as any.
+// The record type's tensors with their dotted names (frontend: nested groups, arrays, Adam).
 std::vector<std::pair<std::string, Schema>> Module::param_fields(std::string_view type) const {
-    return fields_of(init(type, 0));
+    return program().record_type(type).leaves();
 }
 
 void Module::save_params(const Value& params, const std::string& path) const {
@@ -92,8 +82,7 @@ void Module::save_params(const Value& params, const std::string& path) const {
 }
 
 Value Module::load_params(std::string_view type, const std::string& path) const {
-    const Value proto = init(type, 0);
-    const auto want = fields_of(proto);
+    const auto want = param_fields(type);
     safetensors::Contents file = safetensors::load(path);
     auto diff = differences(file.tensors, want, type, "in the file");
     if (!diff.empty()) {
@@ -104,7 +93,7 @@ Value Module::load_params(std::string_view type, const std::string& path) const 
     }
     Value v;
     v.kind = Value::Kind::record;
-    v.record = proto.record;
+    v.record = std::string(type);
     for (const auto& [name, _] : want)
         for (auto& [n, t] : file.tensors)
             if (n == name) v.fields.emplace_back(name, std::move(t));

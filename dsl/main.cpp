@@ -15,6 +15,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace {
@@ -51,6 +52,8 @@ const Command commands[] = {
                                 the last of --steps, or the params a (loss, params...) result
                                 returns; otherwise as given) to this checkpoint (repeat as
                                 for --load)
+      --set NAME=VALUE          a scalar argument (such as lr: f32[]) takes this value
+                                instead of a random one (repeat for others)
       --stats                   print compilations and cache hits per function
       --tier jit|interp         the LLVM-compiled CPU tier (default) or the reference
                                 interpreter
@@ -115,7 +118,20 @@ struct Options {
     std::string arch = "sm_90";
     bool padded = false;
     std::vector<std::string> load, save; // checkpoints for the params arguments, in order
+    std::map<std::string, double> set;   // --set NAME=VALUE: scalar arguments
 };
+
+// --set NAME=VALUE
+void parse_set(const std::string& s, Options& o) {
+    auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0) usage_fail("--set takes NAME=VALUE, got '", s, "'");
+    const std::string text = s.substr(eq + 1);
+    double v = 0;
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
+        usage_fail("--set ", s.substr(0, eq), ": '", text, "' is not a number");
+    o.set[s.substr(0, eq)] = v;
+}
 
 std::vector<std::int64_t> parse_lengths(const std::string& s) {
     std::vector<std::int64_t> out;
@@ -248,14 +264,30 @@ int cmd_run(const std::string& path, const Options& o) {
     std::vector<Value> args;
     std::uint64_t stream = 0;
     std::size_t n_params = 0;
-    for (const auto& t : decl->params) {
-        if (t.kind == frontend::VType::Kind::record)
+    const ast::FnDecl& fn = *m->program().find_fn(o.fn).first;
+    std::set<std::string> unused;
+    for (const auto& [name, _] : o.set) unused.insert(name);
+    for (std::size_t k = 0; k < decl->params.size(); ++k) {
+        const frontend::VType& t = decl->params[k];
+        const std::string& name = fn.params[k].name;
+        if (o.set.count(name)) {
+            unused.erase(name);
+            if (t.kind != frontend::VType::Kind::tensor || t.schema.shape.batched ||
+                !t.schema.shape.axes.empty())
+                usage_fail("--set ", name, ": ", o.fn, "'s ", name, " is ", t.str(),
+                           ", not a scalar");
+            args.push_back(RaggedTensor::dense(
+                DenseArray::from_f64(t.schema.dtype, {}, {o.set.at(name)})));
+        } else if (t.kind == frontend::VType::Kind::record) {
             args.push_back(initial_params(*m, t.record, o, n_params++));
-        else if (t.kind == frontend::VType::Kind::tensor)
+        } else if (t.kind == frontend::VType::Kind::tensor) {
             args.push_back(random_tensor(t.schema, o, stream++));
-        else
+        } else {
             fail("run: cannot make a random tuple argument");
+        }
     }
+    if (!unused.empty())
+        usage_fail("--set ", *unused.begin(), ": ", o.fn, " has no parameter of that name");
     if (o.steps > 0) {
         double later = 0; // seconds of the steps after the first (which compiles)
         for (int s = 0; s < o.steps; ++s) {
@@ -367,6 +399,8 @@ int dispatch(const std::vector<std::string>& a) {
             o.steps = int(parse_count("--steps", value(), 1u << 30));
         else if (a[k] == "--load")
             o.load.push_back(value());
+        else if (a[k] == "--set")
+            parse_set(value(), o);
         else if (a[k] == "--save")
             o.save.push_back(value());
         else if (a[k] == "--stats")
