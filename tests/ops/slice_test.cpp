@@ -163,6 +163,13 @@ TEST(SliceRagged, EqualDerivedNamesCombine) {
         Shape(true, parse_axes("~N[2:], ~N[1::2], 4")),
         (Shape{true, {Axis::ragged_of("N[2:]"), Axis::ragged_of("N[1::2]"), Axis::fixed_of(4)}}));
     EXPECT_EQ(evaluate("index", {a}, spec(":, 1:")).schema().str(), "f64[B, ~N[1:][1:], 2]");
+    EXPECT_EQ(parse_axes("~N[1:][1:]")[0], Axis::ragged_of("N[1:][1:]"));
+    EXPECT_EQ(parse_axes("L[:3:2]")[0], Axis::symbolic_of("L[:3:2]"));
+    EXPECT_NE(error_of([] { parse_axes("~N[a]"); }).find("bad derived axis name"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { parse_axes("~N[1:"); }).find("bad derived axis name"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { parse_axes("3[1:]"); }), "");
 }
 
 TEST(SliceRagged, PairStateSliceIsARectangularPair) {
