@@ -36,7 +36,8 @@ std::optional<std::int64_t> parse_int(const std::string& s, std::string_view ite
     std::int64_t v = 0;
     const char* begin = s.data() + (s[0] == '+' ? 1 : 0);
     auto [end, ec] = std::from_chars(begin, s.data() + s.size(), v);
-    if (ec != std::errc() || end != s.data() + s.size() || begin == end)
+    if (ec != std::errc() || end != s.data() + s.size() || begin == end ||
+        (begin != s.data() && *begin == '-'))
         fail("index: bad item '", item, "' in spec '", spec, "'");
     return v;
 }

@@ -197,6 +197,15 @@ TEST(SliceRagged, PairStateSliceIsARectangularPair) {
     check_vjp("index", {z}, spec(":, :, -2::2, 1"));
 }
 
+TEST(SliceRagged, BadSpecs) {
+    auto x = random_batch(DType::f32, "~N, 4", {{2, 4}});
+    auto err = [&](const char* s) { return error_of([&] { evaluate("index", {x}, spec(s)); }); };
+    EXPECT_NE(err(":, +-1:").find("bad item '+-1:'"), std::string::npos);
+    // Python's empty step is 1.
+    EXPECT_EQ(evaluate("index", {x}, spec(":, 1:2:")).schema().str(), "f32[B, ~N[1:2], 4]");
+    EXPECT_EQ(evaluate("index", {x}, spec(":, +1:")).schema().str(), "f32[B, ~N[1:], 4]");
+}
+
 TEST(SliceRagged, UnequalExtentsOfOneDerivedNameNameTheSample) {
     auto x = random_batch(DType::f64, "~N", {{3}, {4}});
     auto y = random_batch(DType::f64, "~N", {{3}, {2}});
