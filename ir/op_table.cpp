@@ -16,6 +16,7 @@ const OpTable& OpTable::builtin() {
         register_nn_ops(t);
         register_attention_ops(t);
         register_relpos_ops(t);
+        register_gather_ops(t);
         return t;
     }();
     return table;

@@ -1,5 +1,6 @@
 #include "jit/layout.hpp"
 
+#include "ir/ops/index_plan.hpp"
 #include "ir/ops/kernel_util.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
@@ -220,21 +221,114 @@ RaggedTensor transpose_elements(const RaggedTensor& x, const StructurePtr& st, i
     return y;
 }
 
+// An index spec that only slices ragged axes (and keeps or inserts the others): each result row
+// is a whole row of x.
+bool slices_whole_rows(const Shape& x, const std::string& spec) {
+    return plan_index(x, spec).whole_rows(x);
+}
+
+// Row r of y = index(x) is row map[r] of x: per sample, y's ragged axes (x's, in order) read
+// x's at start + step * index, row-major over x's ragged extents.
+std::vector<std::int64_t> slice_row_map(const IndexPlan& p, const Structure& xs,
+                                        const Structure& ys) {
+    const int d = xs.rank();
+    std::vector<int> ragged; // x's ragged axes, in logical order (y keeps them all, in order)
+    for (int a = 0; a < d; ++a)
+        if (xs.shape().axes[std::size_t(a)].is_ragged()) ragged.push_back(a);
+    const std::size_t q = ragged.size();
+    std::vector<std::int64_t> map(std::size_t(ys.rows()));
+    std::vector<std::int64_t> ext(q), stride(q), idx(q);
+    for (std::int64_t i = 0; i < xs.batch(); ++i) {
+        const IndexPlan::Sample s = p.sample(xs, i);
+        std::int64_t row_stride = 1;
+        for (std::size_t m = q; m-- > 0;) {
+            const int a = ragged[m];
+            ext[m] = s.shape[std::size_t(p.x_out[std::size_t(a)])];
+            stride[m] = row_stride * s.step[std::size_t(a)];
+            row_stride *= xs.size(i, a);
+            idx[m] = 0;
+        }
+        std::int64_t first = xs.offsets()[std::size_t(i)];
+        row_stride = 1;
+        for (std::size_t m = q; m-- > 0;) {
+            first += s.start[std::size_t(ragged[m])] * row_stride;
+            row_stride *= xs.size(i, ragged[m]);
+        }
+        const std::int64_t begin = ys.offsets()[std::size_t(i)];
+        const std::int64_t rows = ys.offsets()[std::size_t(i + 1)] - begin;
+        for (std::int64_t r = 0; r < rows; ++r) {
+            std::int64_t from = first;
+            for (std::size_t m = 0; m < q; ++m) from += idx[m] * stride[m];
+            map[std::size_t(begin + r)] = from;
+            for (std::size_t m = q; m-- > 0;) {
+                if (++idx[m] < ext[m]) break;
+                idx[m] = 0;
+            }
+        }
+    }
+    return map;
+}
+
+// Copies row r of `from` to row map[r] of `to` (scatter) or row map[r] of `from` to row r
+// of `to` (gather), over threads; rows are distinct, so the result is the same for any split.
+void copy_rows(const RaggedTensor& from, RaggedTensor& to, const std::vector<std::int64_t>& map,
+               bool scatter) {
+    const std::size_t row_bytes = std::size_t(to.structure().row_width()) * dtype_size(to.dtype());
+    const auto* in = static_cast<const std::byte*>(from.data());
+    auto* out = static_cast<std::byte*>(to.mutable_data());
+    parallel_for(std::int64_t(map.size()),
+                 std::max<std::int64_t>(1, 65536 / std::max<std::size_t>(row_bytes, 1)),
+                 [&](std::int64_t r0, std::int64_t r1) {
+                     for (std::int64_t r = r0; r < r1; ++r) {
+                         const std::size_t a = std::size_t(r), b = std::size_t(map[a]);
+                         std::memcpy(out + (scatter ? b : a) * row_bytes,
+                                     in + (scatter ? a : b) * row_bytes, row_bytes);
+                     }
+                 });
+}
+
+RaggedTensor run_slice(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
+    const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    const bool grad = n.op == "index_grad";
+    const RaggedTensor& src = grad ? vals[std::size_t(n.args[1])] : x; // the sliced value
+    const IndexPlan p = plan_index(src.shape(), n.attrs.get_str("spec"));
+    const Structure& ss = src.structure();
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t i = 0; i < ss.batch(); ++i) {
+        auto s = p.sample_shape(ss, i);
+        sizes.insert(sizes.end(), s.begin(), s.end());
+    }
+    if (!grad) {
+        RaggedTensor y = uninitialized(x.dtype(), Structure::make(p.out, ss.batch(), sizes));
+        copy_rows(x, y, slice_row_map(p, ss, y.structure()), false);
+        return y;
+    }
+    if (x.batch() != ss.batch() || x.structure().sizes() != sizes)
+        return evaluate("index_grad", {x, src}, n.attrs); // names the sample
+    RaggedTensor dx = RaggedTensor::zeros(src.dtype(), src.structure_ptr());
+    copy_rows(x, dx, slice_row_map(p, ss, x.structure()), true);
+    return dx;
+}
+
 } // namespace
 
 LayoutKind layout_kind(const ir::Function& f, const ir::Node& n) {
-    if (n.op == "index")
-        return keep_new_items(f.type(n.args[0]).shape, n.attrs.get_str("spec")) ? LayoutKind::view
-                                                                                : LayoutKind::none;
-    if (n.op == "index_grad")
-        return keep_new_items(f.type(n.args[1]).shape, n.attrs.get_str("spec")) ? LayoutKind::view
-                                                                                : LayoutKind::none;
+    if (n.op == "index" || n.op == "index_grad") {
+        const Shape& x = f.type(n.args[n.op == "index" ? 0 : 1]).shape;
+        const std::string spec = n.attrs.get_str("spec");
+        return keep_new_items(x, spec)      ? LayoutKind::view
+               : slices_whole_rows(x, spec) ? LayoutKind::slice
+                                            : LayoutKind::none;
+    }
     if (n.op == "transpose") return transpose_plan(f.type(n.args[0]).shape, n.attrs).kind;
     return LayoutKind::none;
 }
 
 RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
     const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    if ((n.op == "index" || n.op == "index_grad") &&
+        !keep_new_items(vals[std::size_t(n.args.back())].shape(), n.attrs.get_str("spec")))
+        return run_slice(n, vals);
     if (n.op == "index") {
         auto is_new = *keep_new_items(x.shape(), n.attrs.get_str("spec"));
         auto st = Structure::make(n.type.shape, x.batch(), indexed_sizes(x.structure(), is_new));

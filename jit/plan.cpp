@@ -2,6 +2,7 @@
 
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
+#include "jit/gather.hpp"
 #include "jit/layout.hpp"
 #include "jit/rowwise.hpp"
 #include "jit/segmented.hpp"
@@ -119,6 +120,7 @@ Plan make_plan(const ir::Function& f) {
         p.steps.push_back({gemm                                    ? Step::Kind::gemm
                            : is_segmented(f, n)                    ? Step::Kind::segmented
                            : layout_kind(f, n) != LayoutKind::none ? Step::Kind::layout
+                           : is_gather_step(n)                     ? Step::Kind::gather
                                                                    : Step::Kind::reference,
                            int(i),
                            {}});
@@ -153,8 +155,12 @@ std::string print(const Plan& p, const ir::Function& f) {
                    : s.kind == Step::Kind::segmented ? "segmented %"
                    : s.kind == Step::Kind::rowwise   ? "rowwise   %"
                    : s.kind == Step::Kind::attention ? "attention %"
+                   : s.kind == Step::Kind::gather
+                       ? (n.op == "positions" ? "positions %" : "gather    %")
                    : s.kind == Step::Kind::layout
-                       ? (layout_kind(f, n) == LayoutKind::view ? "view      %" : "permute   %")
+                       ? (layout_kind(f, n) == LayoutKind::view    ? "view      %"
+                          : layout_kind(f, n) == LayoutKind::slice ? "slice     %"
+                                                                   : "permute   %")
                        : "reference %")
                << s.index;
             for (int a : s.also) os << " %" << a;

@@ -5,7 +5,8 @@
 // one axis, their gradients and `sum_to` run as segmented loops (jit/segmented.hpp);
 // layernorm/rmsnorm and their gradients as row loops (jit/rowwise.hpp); attention and its gradients
 // as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose that move no data
-// or whole rows as views or row copies (jit/layout.hpp); every other op runs its reference kernel.
+// or whole rows as views or row copies (jit/layout.hpp); gather, gather_grad and positions as
+// row-copy and row-sum loops (jit/gather.hpp); every other op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
 #include "ir/ir.hpp"
@@ -37,7 +38,7 @@ struct FusedGroup {
 };
 
 struct Step {
-    enum class Kind { fused, gemm, segmented, rowwise, attention, layout, reference } kind;
+    enum class Kind { fused, gemm, segmented, rowwise, attention, layout, gather, reference } kind;
     int index;             // the group (fused) or the IR node (the others)
     std::vector<int> also; // rowwise, attention: sibling gradient nodes the same pass computes
 };

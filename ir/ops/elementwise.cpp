@@ -2,7 +2,9 @@
 // helpers their VJPs use (sum_to, scale, zeros_like, ones_like, cast).
 #include "ir/ops/broadcast.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 namespace rag {
@@ -164,6 +166,53 @@ void add_comparison(OpTable& t, const char* name, const char* doc, bool (*f)(dou
            {}});
 }
 
+DType cast_dtype(const Attrs& at) {
+    auto d = parse_dtype(at.get_str("dtype"));
+    if (!d) fail("cast: unknown dtype '", at.get_str("dtype"), "'");
+    return *d;
+}
+
+// Integer to integer (and to or from bool) directly, so i64 values beyond 2^53 survive; every
+// other pair goes through double, whose stores follow the rules in the doc line
+// (runtime/dtype.hpp's store_from_f64), except i64 to f32, converted directly so it rounds
+// once.
+RaggedTensor cast_kernel(const RaggedTensor& x, DType to) {
+    const DType from = x.dtype();
+    const bool int_from = !is_floating(from), int_to = !is_floating(to);
+    if (!(int_from && int_to) && !(from == DType::i64 && to == DType::f32)) return x.astype(to);
+    RaggedTensor y = RaggedTensor::zeros(to, x.structure_ptr());
+    auto load = [&](std::int64_t k) -> std::int64_t {
+        switch (from) {
+        case DType::i32:
+            return static_cast<const std::int32_t*>(x.data())[k];
+        case DType::i64:
+            return static_cast<const std::int64_t*>(x.data())[k];
+        default:
+            return static_cast<const std::uint8_t*>(x.data())[k] != 0;
+        }
+    };
+    for (std::int64_t k = 0; k < x.numel(); ++k) {
+        const std::int64_t v = load(k);
+        switch (to) {
+        case DType::i32:
+            static_cast<std::int32_t*>(y.mutable_data())[k] =
+                std::int32_t(std::clamp<std::int64_t>(v, std::numeric_limits<std::int32_t>::min(),
+                                                      std::numeric_limits<std::int32_t>::max()));
+            break;
+        case DType::i64:
+            static_cast<std::int64_t*>(y.mutable_data())[k] = v;
+            break;
+        case DType::f32:
+            static_cast<float*>(y.mutable_data())[k] = float(v);
+            break;
+        default:
+            static_cast<std::uint8_t*>(y.mutable_data())[k] = v != 0;
+            break;
+        }
+    }
+    return y;
+}
+
 } // namespace
 
 void register_elementwise_ops(OpTable& t) {
@@ -268,17 +317,21 @@ void register_elementwise_ops(OpTable& t) {
                }});
     }
 
-    t.add({"cast", 1, 1, "cast(x, dtype=name): convert the element type",
+    t.add({"cast", 1, 1,
+           "cast(x, dtype=f16|bf16|f32|f64|i32|i64|bool): convert the element type. Float to "
+           "integer truncates toward zero, NaN gives 0, values beyond the integer's range "
+           "(infinities included) saturate to its limits; i64 to i32 saturates too; integers "
+           "and bool to float are exact where the float holds them (else round to nearest even); "
+           "to bool is x != 0 (NaN gives true); f64 to f16/bf16 rounds through f32. Gradients "
+           "flow only from a float result to a float input (cast back to its dtype)",
            [](auto in, auto& at) {
-               auto d = parse_dtype(at.get_str("dtype"));
-               if (!d) fail("cast: unknown dtype '", at.get_str("dtype"), "'");
-               return Schema{*d, in[0].shape};
+               return Schema{cast_dtype(at), in[0].shape};
            },
-           [](auto in, auto& at) { return in[0].astype(*parse_dtype(at.get_str("dtype"))); },
-           [](Emitter& e, auto in, Val, Val g, auto&) -> std::vector<std::optional<Val>> {
-               if (!is_floating(e.schema(in[0]).dtype)) return {std::nullopt};
-               return {e.emit("cast", {g},
-                              {{"dtype", std::string(dtype_name(e.schema(in[0]).dtype))}})};
+           [](auto in, auto& at) { return cast_kernel(in[0], cast_dtype(at)); },
+           [](Emitter& e, auto in, Val out, Val g, auto&) -> std::vector<std::optional<Val>> {
+               const DType from = e.schema(in[0]).dtype;
+               if (!is_floating(from) || !is_floating(e.schema(out).dtype)) return {std::nullopt};
+               return {e.emit("cast", {g}, {{"dtype", std::string(dtype_name(from))}})};
            }});
 }
 

@@ -1,10 +1,10 @@
 // Shape ops: transpose, NumPy-style index (keep, new, integer, slice), reshape of the static
 // tail, and concat along a static axis. They move data without arithmetic, so the kernels copy
 // elements bytewise (exact for every dtype) between per-sample strided views.
+#include "ir/ops/index_plan.hpp"
 #include "ir/ops/kernel_util.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -13,11 +13,6 @@ namespace rag {
 namespace {
 
 using Idx = std::vector<std::int64_t>;
-
-std::string axis_str(const Axis& a) {
-    if (a.kind == AxisKind::fixed) return std::to_string(a.extent);
-    return (a.is_ragged() ? "~" : "") + a.name;
-}
 
 // Calls map(a_idx, b_idx) to find, for every element of every sample of `a`, the element of the
 // same sample of `b` it corresponds to, then fn(a_offset, b_offset) with their storage offsets.
@@ -74,117 +69,18 @@ RaggedTensor transpose_kernel(const RaggedTensor& x, const Attrs& at) {
 
 // ---- index ----
 
-// How index's result reads x: out_src[o] is the x axis behind result axis o (-1: inserted by
-// `new`); x element = x_start[s] + (x_out[s] >= 0 ? result index along x_out[s] : 0).
-struct IndexPlan {
-    Shape out;
-    std::vector<int> out_src;
-    Idx x_start;
-    std::vector<int> x_out;
-
-    void map(const Idx& oi, Idx& xi) const {
-        for (std::size_t s = 0; s < x_start.size(); ++s)
-            xi[s] = x_start[s] + (x_out[s] >= 0 ? oi[std::size_t(x_out[s])] : 0);
+// Calls fn(y_offset, x_offset) for every element y of index(x) and the element of x it reads.
+template <class Fn>
+void for_each_read(const IndexPlan& p, const Structure& y, const Structure& x, Fn&& fn) {
+    Idx xi(std::size_t(x.rank()));
+    for (std::int64_t i = 0; i < y.batch(); ++i) {
+        auto vy = kern::sample_view(y, i), vx = kern::sample_view(x, i);
+        const IndexPlan::Sample s = p.sample(x, i);
+        kern::for_each_index(vy.shape, [&](const Idx& yi) {
+            p.map(s, yi, xi);
+            fn(vy.at(yi), vx.at(xi));
+        });
     }
-    Idx sample_shape(const Structure& x, std::int64_t i) const {
-        Idx shape;
-        for (std::size_t o = 0; o < out.axes.size(); ++o) {
-            const Axis& ax = out.axes[o];
-            shape.push_back(ax.kind == AxisKind::fixed ? ax.extent : x.size(i, out_src[o]));
-        }
-        return shape;
-    }
-};
-
-std::string trim(std::string_view s) {
-    auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
-    return b == std::string_view::npos ? "" : std::string(s.substr(b, e - b + 1));
-}
-
-std::vector<std::string> split_spec(std::string_view spec) {
-    std::vector<std::string> items;
-    if (trim(spec).empty()) return items;
-    std::size_t start = 0;
-    while (true) {
-        auto comma = spec.find(',', start);
-        items.push_back(trim(spec.substr(start, comma - start)));
-        if (comma == std::string_view::npos) return items;
-        start = comma + 1;
-    }
-}
-
-// An optional integer: "" gives nullopt; anything but an integer is an error.
-std::optional<std::int64_t> parse_int(const std::string& s, std::string_view spec) {
-    if (s.empty()) return std::nullopt;
-    std::int64_t v = 0;
-    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec != std::errc() || end != s.data() + s.size())
-        fail("index: bad item '", s, "' in spec '", spec, "'");
-    return v;
-}
-
-// A Python slice bound: negative counts from the end, then clamped to [0, n].
-std::int64_t clamp_bound(std::int64_t b, std::int64_t n) {
-    if (b < 0) b += n;
-    return std::clamp<std::int64_t>(b, 0, n);
-}
-
-IndexPlan plan_index(const Shape& x, std::string_view spec) {
-    const int rank = x.sample_rank();
-    IndexPlan p;
-    p.out.batched = x.batched;
-    p.x_start.assign(std::size_t(rank), 0);
-    p.x_out.assign(std::size_t(rank), -1);
-    auto items = split_spec(spec);
-    std::size_t k = 0;
-    if (x.batched && !items.empty()) {
-        if (items[0] != ":")
-            fail("index: the first item must be ':' (the batch axis of ", shape_str(x), "), got '",
-                 items[0], "'");
-        k = 1;
-    }
-    auto keep = [&](int s, Axis ax, std::int64_t start) {
-        p.x_out[std::size_t(s)] = p.out.sample_rank();
-        p.x_start[std::size_t(s)] = start;
-        p.out.axes.push_back(std::move(ax));
-        p.out_src.push_back(s);
-    };
-    int s = 0; // next axis of x
-    for (; k < items.size(); ++k) {
-        const std::string& it = items[k];
-        if (it.empty()) fail("index: empty item in spec '", spec, "'");
-        if (it == "new") {
-            p.out.axes.push_back(Axis::fixed_of(1));
-            p.out_src.push_back(-1);
-            continue;
-        }
-        if (s == rank) fail("index: too many items in '", spec, "' for ", shape_str(x));
-        const Axis& ax = x.axes[std::size_t(s)];
-        const int logical = s + (x.batched ? 1 : 0);
-        if (it == ":") {
-            keep(s++, ax, 0);
-            continue;
-        }
-        if (ax.kind != AxisKind::fixed)
-            fail("index: axis ", logical, " is ", ax.is_ragged() ? "ragged " : "symbolic ",
-                 axis_str(ax), " and accepts only ':', got '", it, "'");
-        const std::int64_t n = ax.extent;
-        auto colon = it.find(':');
-        if (colon == std::string::npos) {
-            std::int64_t i = *parse_int(it, spec);
-            if (i < -n || i >= n)
-                fail("index: index ", i, " is out of range for axis ", logical, " of extent ", n);
-            p.x_start[std::size_t(s++)] = i < 0 ? i + n : i;
-            continue;
-        }
-        if (it.find(':', colon + 1) != std::string::npos)
-            fail("index: slices take no step, got '", it, "'");
-        std::int64_t lo = clamp_bound(parse_int(trim(it.substr(0, colon)), spec).value_or(0), n);
-        std::int64_t hi = clamp_bound(parse_int(trim(it.substr(colon + 1)), spec).value_or(n), n);
-        keep(s++, Axis::fixed_of(std::max<std::int64_t>(hi - lo, 0)), lo);
-    }
-    for (; s < rank; ++s) keep(s, x.axes[std::size_t(s)], 0);
-    return p;
 }
 
 RaggedTensor index_kernel(const RaggedTensor& x, const Attrs& at) {
@@ -193,13 +89,13 @@ RaggedTensor index_kernel(const RaggedTensor& x, const Attrs& at) {
     auto st = kern::make_structure(p.out, x.batch(),
                                    [&](std::int64_t i) { return p.sample_shape(xs, i); });
     RaggedTensor y = RaggedTensor::zeros(x.dtype(), st);
-    for_each_pair(
-        *st, xs, [&](const Idx& yi, Idx& xi) { p.map(yi, xi); },
-        [&](std::int64_t yo, std::int64_t xo) { copy_element(x, xo, y, yo); });
+    for_each_read(p, *st, xs,
+                  [&](std::int64_t yo, std::int64_t xo) { copy_element(x, xo, y, yo); });
     return y;
 }
 
-// index_grad(g, x): zeros shaped like x with g scattered where index read x.
+// index_grad(g, x): zeros shaped like x with g scattered where index read x (a slice reads
+// every element at most once, so this is a copy, not a sum).
 RaggedTensor index_grad_kernel(const RaggedTensor& g, const RaggedTensor& x, const Attrs& at) {
     IndexPlan p = plan_index(x.shape(), at.get_str("spec"));
     if (g.batch() != x.batch())
@@ -210,9 +106,8 @@ RaggedTensor index_grad_kernel(const RaggedTensor& g, const RaggedTensor& x, con
             fail("index_grad: sample ", i, ": the gradient does not have index's result shape");
     }
     RaggedTensor dx = RaggedTensor::zeros(x.dtype(), x.structure_ptr());
-    for_each_pair(
-        g.structure(), x.structure(), [&](const Idx& gi, Idx& xi) { p.map(gi, xi); },
-        [&](std::int64_t go, std::int64_t xo) { copy_element(g, go, dx, xo); });
+    for_each_read(p, g.structure(), x.structure(),
+                  [&](std::int64_t go, std::int64_t xo) { copy_element(g, go, dx, xo); });
     return dx;
 }
 
@@ -358,9 +253,12 @@ void register_shape_ops(OpTable& t) {
     t.add({"index", 1, 1,
            "index(x, spec=\"...\"): NumPy-style x[spec], one comma-separated item per logical "
            "axis from the left (missing trailing items are ':'): ':' keeps, 'new' inserts an "
-           "extent-1 axis, an integer selects on a static axis (negative from the end), 'a:b' "
-           "slices a static axis with Python clamping (empty when b <= a); ragged and symbolic "
-           "axes take only ':', and the batch axis only ':'",
+           "extent-1 axis, an integer selects on a static axis (negative from the end), "
+           "'a:b:s' slices any axis with Python's rules (bounds optional, negative from the end, "
+           "clamped; step s >= 1). A sliced ragged (symbolic) axis stays ragged (symbolic) with a "
+           "derived name by its length function: 'a:' and ':-a' give ~N[a:], 'a:-k' ~N[(a+k):], "
+           "'-k:' and ':k' ~N[:k], others ~N[a:b]; a step appends ':s' (~N[1::2]). The batch "
+           "axis takes only ':'",
            [](auto in, auto& at) {
                return Schema{in[0].dtype, plan_index(in[0].shape, at.get_str("spec")).out};
            },

@@ -158,18 +158,22 @@ TEST(ShapeIndex, PairAndUnbatched) {
 TEST(ShapeIndex, Errors) {
     auto x = random_batch(DType::f32, "~N, 4", {{2, 4}});
     auto err = [&](const char* s) { return error_of([&] { evaluate("index", {x}, spec(s)); }); };
-    EXPECT_EQ(err(":, 0, :"), "index: axis 1 is ragged ~N and accepts only ':', got '0'");
+    EXPECT_EQ(err(":, 0, :"), "index: axis 1 is ragged ~N and accepts only slices, got '0'");
     EXPECT_EQ(err(":, :, 4"), "index: index 4 is out of range for axis 2 of extent 4");
     EXPECT_EQ(err(":, :, -5"), "index: index -5 is out of range for axis 2 of extent 4");
     EXPECT_NE(err("new, :, :").find("the first item must be ':'"), std::string::npos);
     EXPECT_NE(err("0").find("the first item must be ':'"), std::string::npos);
     EXPECT_NE(err(":, :, :, :").find("too many items"), std::string::npos);
     EXPECT_NE(err(":, :, x").find("bad item 'x'"), std::string::npos);
-    EXPECT_NE(err(":, :, 0:2:1").find("no step"), std::string::npos);
+    EXPECT_EQ(err(":, 1::0"), "index: the step of '1::0' must be >= 1, got 0 (negative and zero "
+                              "steps are not supported)");
+    EXPECT_NE(err(":, ::-1").find("must be >= 1, got -1"), std::string::npos);
+    EXPECT_NE(err(":, 1:2:3:4").find("bad item '1:2:3:4'"), std::string::npos);
+    EXPECT_NE(err(":, 1:x").find("bad item '1:x'"), std::string::npos);
     EXPECT_NE(err(":, , :").find("empty item"), std::string::npos);
     auto s = random_batch(DType::f32, "L, 2", {{3, 2}});
-    EXPECT_EQ(error_of([&] { evaluate("index", {s}, spec(":, 1:2")); }),
-              "index: axis 1 is symbolic L and accepts only ':', got '1:2'");
+    EXPECT_EQ(error_of([&] { evaluate("index", {s}, spec(":, 1")); }),
+              "index: axis 1 is symbolic L and accepts only slices, got '1'");
 }
 
 TEST(ShapeReshape, StaticTailSharesStorage) {

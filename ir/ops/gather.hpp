@@ -1,0 +1,22 @@
+// gather(table, ids): the rows of a dense table at integer ids (embeddings), its table
+// gradient gather_grad, and positions(x, axis). The type rule and the out-of-range message are
+// shared with the CPU tier's kernels (jit/gather.cpp) so both tiers say the same thing.
+#pragma once
+#include "runtime/structure.hpp"
+
+#include <string_view>
+
+namespace rag {
+
+// gather's result schema: ids' shape with table's trailing axes appended, table's dtype.
+Schema gather_schema(const Schema& table, const Schema& ids, std::string_view op = "gather");
+// The schema of positions(x, axis=...): i64 with x's axes up to and including `axis`; `p` gets
+// the per-sample axis.
+Schema positions_schema(const Schema& x, std::int64_t axis, int* p = nullptr);
+
+// The error for ids element `packed` (its place in packed storage) holding `id`, outside
+// [0, rows): names the sample, the position in it and the id.
+[[noreturn]] void gather_id_error(std::string_view op, const Structure& ids, std::int64_t packed,
+                                  std::int64_t id, std::int64_t rows);
+
+} // namespace rag

@@ -1,0 +1,188 @@
+#include "jit/gather.hpp"
+
+#include "ir/ops/gather.hpp"
+#include "jit/uninitialized.hpp"
+#include "runtime/error.hpp"
+#include "runtime/parallel.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+namespace rag::jit {
+namespace {
+
+template <class I> const I* ids_as(const RaggedTensor& ids) {
+    return static_cast<const I*>(ids.data());
+}
+
+std::int64_t row_elements(const RaggedTensor& table) {
+    std::int64_t d = 1;
+    for (int a = 1; a < table.structure().rank(); ++a) d *= table.structure().size(0, a);
+    return d;
+}
+
+StructurePtr gather_structure(const Shape& out, const RaggedTensor& table,
+                              const RaggedTensor& ids) {
+    const Structure& is = ids.structure();
+    auto tail = table.structure().sample_shape(0).subspan(1);
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t i = 0; i < is.batch(); ++i) {
+        auto s = is.sample_shape(i);
+        sizes.insert(sizes.end(), s.begin(), s.end());
+        sizes.insert(sizes.end(), tail.begin(), tail.end());
+    }
+    return Structure::make(out, is.batch(), std::move(sizes));
+}
+
+template <class I>
+RaggedTensor gather(const ir::Node& n, const RaggedTensor& table, const RaggedTensor& ids) {
+    RaggedTensor y = uninitialized(table.dtype(), gather_structure(n.type.shape, table, ids));
+    const std::int64_t rows = table.structure().size(0, 0);
+    const std::size_t row_bytes = std::size_t(row_elements(table)) * dtype_size(table.dtype());
+    const I* id = ids_as<I>(ids);
+    const auto* in = static_cast<const std::byte*>(table.data());
+    auto* out = static_cast<std::byte*>(y.mutable_data());
+    // The first bad position (lowest packed index) so the message does not depend on threads.
+    std::atomic<std::int64_t> bad{ids.numel()};
+    parallel_for(ids.numel(),
+                 std::max<std::int64_t>(1, 65536 / std::max<std::size_t>(row_bytes, 1)),
+                 [&](std::int64_t k0, std::int64_t k1) {
+                     for (std::int64_t k = k0; k < k1; ++k) {
+                         const std::int64_t v = id[k];
+                         if (v < 0 || v >= rows) {
+                             std::int64_t seen = bad.load();
+                             while (k < seen && !bad.compare_exchange_weak(seen, k)) {
+                             }
+                             break;
+                         }
+                         std::memcpy(out + std::size_t(k) * row_bytes,
+                                     in + std::size_t(v) * row_bytes, row_bytes);
+                     }
+                 });
+    if (const std::int64_t k = bad.load(); k < ids.numel())
+        gather_id_error("gather", ids.structure(), k, std::int64_t(id[k]), rows);
+    return y;
+}
+
+// g's rows as doubles, then the table row rounded to T: typed for f32/f64, through the
+// dtype helpers for the half types.
+struct RowIo {
+    DType g, t;
+    void add(const void* g_data, std::int64_t at, double* acc, std::int64_t d) const {
+        if (g == DType::f32) {
+            const float* p = static_cast<const float*>(g_data) + at;
+            for (std::int64_t j = 0; j < d; ++j) acc[j] += double(p[j]);
+        } else if (g == DType::f64) {
+            const double* p = static_cast<const double*>(g_data) + at;
+            for (std::int64_t j = 0; j < d; ++j) acc[j] += p[j];
+        } else {
+            for (std::int64_t j = 0; j < d; ++j)
+                acc[j] += load_as_f64(g_data, g, std::size_t(at + j));
+        }
+    }
+    void store(void* t_data, std::int64_t at, const double* acc, std::int64_t d) const {
+        if (t == DType::f32) {
+            float* p = static_cast<float*>(t_data) + at;
+            for (std::int64_t j = 0; j < d; ++j) p[j] = float(acc[j]);
+        } else if (t == DType::f64) {
+            std::memcpy(static_cast<double*>(t_data) + at, acc, std::size_t(d) * sizeof(double));
+        } else {
+            for (std::int64_t j = 0; j < d; ++j)
+                store_from_f64(t_data, t, std::size_t(at + j), acc[j]);
+        }
+    }
+};
+
+template <class I>
+RaggedTensor gather_grad(const RaggedTensor& g, const RaggedTensor& ids,
+                         const RaggedTensor& table) {
+    const std::int64_t rows = table.structure().size(0, 0), d = row_elements(table);
+    const std::int64_t n = ids.numel();
+    const I* id = ids_as<I>(ids);
+    // Stable counting sort of the packed positions by id.
+    std::vector<std::int64_t> start(std::size_t(rows + 1), 0);
+    for (std::int64_t k = 0; k < n; ++k) {
+        const std::int64_t v = id[k];
+        if (v < 0 || v >= rows) gather_id_error("gather_grad", ids.structure(), k, v, rows);
+        ++start[std::size_t(v + 1)];
+    }
+    for (std::int64_t v = 0; v < rows; ++v) start[std::size_t(v + 1)] += start[std::size_t(v)];
+    std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+    std::vector<std::int64_t> next(start.begin(), start.end() - 1);
+    for (std::int64_t k = 0; k < n; ++k) order[std::size_t(next[std::size_t(id[k])]++)] = k;
+
+    RaggedTensor dt = uninitialized(table.dtype(), table.structure_ptr());
+    const RowIo io{g.dtype(), table.dtype()};
+    parallel_for(rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(d, 1)),
+                 [&](std::int64_t v0, std::int64_t v1) {
+                     std::vector<double> acc(static_cast<std::size_t>(d));
+                     for (std::int64_t v = v0; v < v1; ++v) {
+                         std::fill(acc.begin(), acc.end(), 0.0);
+                         for (std::int64_t p = start[std::size_t(v)]; p < start[std::size_t(v + 1)];
+                              ++p)
+                             io.add(g.data(), order[std::size_t(p)] * d, acc.data(), d);
+                         io.store(dt.mutable_data(), v * d, acc.data(), d);
+                     }
+                 });
+    return dt;
+}
+
+// g must have gather's result structure; else the reference kernel names the sample.
+bool gather_grad_matches(const RaggedTensor& g, const RaggedTensor& ids) {
+    if (g.batch() != ids.batch()) return false;
+    const int r = ids.structure().rank();
+    for (std::int64_t i = 0; i < ids.batch(); ++i) {
+        auto gs = g.structure().sample_shape(i);
+        auto is = ids.structure().sample_shape(i);
+        if (!std::equal(is.begin(), is.end(), gs.begin(), gs.begin() + r)) return false;
+    }
+    return true;
+}
+
+RaggedTensor positions(const ir::Node& n, const RaggedTensor& x) {
+    int p = 0;
+    positions_schema(x.schema(), n.attrs.get_int("axis"), &p);
+    const Structure& xs = x.structure();
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t i = 0; i < xs.batch(); ++i) {
+        auto s = xs.sample_shape(i);
+        sizes.insert(sizes.end(), s.begin(), s.begin() + p + 1);
+    }
+    auto st = Structure::make(n.type.shape, xs.batch(), std::move(sizes));
+    RaggedTensor y = uninitialized(DType::i64, st);
+    auto* v = static_cast<std::int64_t*>(y.mutable_data());
+    // Axis p is the last logical axis of y, so each sample's block repeats runs of `stride`
+    // equal indices 0 .. extent-1.
+    parallel_for(st->batch(), 16, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t ext = st->size(i, p), stride = st->sample_strides(i)[std::size_t(p)];
+            std::int64_t* out = v + st->sample_begin(i);
+            const std::int64_t count = st->sample_numel(i);
+            for (std::int64_t o = 0; o < count; o += ext * stride)
+                for (std::int64_t e = 0; e < ext; ++e, out += stride)
+                    std::fill(out, out + stride, e);
+        }
+    });
+    return y;
+}
+
+} // namespace
+
+bool is_gather_step(const ir::Node& n) {
+    return n.op == "gather" || n.op == "gather_grad" || n.op == "positions";
+}
+
+RaggedTensor run_gather_step(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
+    auto arg = [&](std::size_t k) -> const RaggedTensor& { return vals[std::size_t(n.args[k])]; };
+    if (n.op == "positions") return positions(n, arg(0));
+    if (n.op == "gather")
+        return arg(1).dtype() == DType::i32 ? gather<std::int32_t>(n, arg(0), arg(1))
+                                            : gather<std::int64_t>(n, arg(0), arg(1));
+    const RaggedTensor &g = arg(0), &ids = arg(1), &table = arg(2);
+    if (!gather_grad_matches(g, ids)) return evaluate("gather_grad", {g, ids, table}, n.attrs);
+    return ids.dtype() == DType::i32 ? gather_grad<std::int32_t>(g, ids, table)
+                                     : gather_grad<std::int64_t>(g, ids, table);
+}
+
+} // namespace rag::jit
