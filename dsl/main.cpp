@@ -2,6 +2,7 @@
 #include "dsl/module.hpp"
 #include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
+#include "jit/compile_clock.hpp"
 #include "jit/plan.hpp"
 #include "jit/ptx.hpp"
 #include "runtime/cuda.hpp"
@@ -193,6 +194,9 @@ int cmd_run(const std::string& path, const Options& o) {
         for (const auto& [fn, st] : m->stats())
             std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f\n",
                         fn.c_str(), st.compilations, st.cache_hits, st.compile_seconds);
+    if (o.stats) // process-wide, every thread: where the compile time went
+        std::printf("stats compile breakdown (s): %s\n",
+                    jit::format_breakdown(jit::compile_breakdown()).c_str());
     return 0;
 }
 

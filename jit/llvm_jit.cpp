@@ -1,5 +1,6 @@
 #include "jit/llvm_jit.hpp"
 
+#include "jit/compile_clock.hpp"
 #include "runtime/error.hpp"
 
 #include <llvm/Analysis/TargetLibraryInfo.h>
@@ -13,7 +14,11 @@
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
 
 namespace rag::jit {
 namespace {
@@ -38,6 +43,7 @@ template <class T> T take(llvm::Expected<T> v) {
 // lives as long as the process: compiled code may run until exit.
 Jit& jit() {
     static Jit* j = [] {
+        CompilePhase phase("llvm_init");
         llvm::InitializeNativeTarget();
         llvm::InitializeNativeTargetAsmPrinter();
         auto jtmb = take(llvm::orc::JITTargetMachineBuilder::detectHost());
@@ -54,6 +60,15 @@ Jit& jit() {
         return out.release();
     }();
     return *j;
+}
+
+// RAG_JIT_PROFILE=1 also prints each module's compile time to stderr.
+bool profiling() {
+    static const bool on = [] {
+        const char* e = std::getenv("RAG_JIT_PROFILE");
+        return e && *e && std::string(e) != "0";
+    }();
+    return on;
 }
 
 void optimise(llvm::Module& m, llvm::TargetMachine& tm) {
@@ -99,6 +114,9 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> m,
                               std::unique_ptr<llvm::LLVMContext> ctx, std::size_t count,
                               const std::string& prefix, std::string* ir,
                               llvm::orc::ResourceTrackerSP* tracker) {
+    std::optional<CompilePhase> phase(std::in_place, "llvm_opt");
+    const auto t_start = std::chrono::steady_clock::now();
+    const std::string name = m->getName().str();
     std::string err;
     llvm::raw_string_ostream es(err);
     if (llvm::verifyModule(*m, &es))
@@ -112,6 +130,8 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> m,
     }
     std::vector<void*> out;
     if (count == 0) return out;
+    phase.reset();
+    phase.emplace("llvm_codegen");
     auto rt = j.lljit->getMainJITDylib().createResourceTracker();
     check(j.lljit->addIRModule(rt, llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))));
     for (std::size_t k = 0; k < count; ++k) {
@@ -123,6 +143,10 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> m,
         out.push_back(sym->toPtr<void*>());
     }
     if (tracker) *tracker = rt;
+    if (profiling())
+        std::fprintf(
+            stderr, "module %s: %zu symbols, %.3f s\n", name.c_str(), count,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
     return out;
 }
 

@@ -5,6 +5,7 @@
 #include "jit/relpos.hpp"
 
 #include "ir/ops/relpos_config.hpp"
+#include "jit/compile_clock.hpp"
 #include "jit/kir_cpu.hpp"
 #include "jit/kir_emulator.hpp"
 #include "jit/relpos_programs.hpp"
@@ -40,6 +41,7 @@ const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
     std::lock_guard<std::mutex> lock(mu);
     auto& k = cache[key];
     if (!k) {
+        CompilePhase phase("kernel_ir"); // building the program; LLVM's share is its own phase
         switch (pass) {
         case Pass::forward:
             k = compile(relpos_forward_program(s));

@@ -1,5 +1,6 @@
 #include "jit/segmented.hpp"
 
+#include "jit/compile_clock.hpp"
 #include "jit/elementwise_llvm.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
@@ -104,6 +105,7 @@ SegKernel kernel(bool f32, bool expand, bool mean) {
     static std::once_flag once;
     static SegKernel table[8];
     std::call_once(once, [] {
+        CompilePhase phase("host_kernels");
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module("rag_segmented", *ctx);
         for (int k = 0; k < 8; ++k)
@@ -523,6 +525,7 @@ LineKernel line_kernel(bool f32, LineOp op, const std::string** ir = nullptr) {
     static LineKernel table[2 * line_ops];
     static std::string text;
     std::call_once(once, [] {
+        CompilePhase phase("host_kernels");
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module("rag_lines", *ctx);
         for (int k = 0; k < 2 * line_ops; ++k)
