@@ -3,6 +3,7 @@
 #include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
 #include "jit/compile_clock.hpp"
+#include "jit/object_cache.hpp"
 #include "jit/plan.hpp"
 #include "jit/ptx.hpp"
 #include "runtime/cuda.hpp"
@@ -194,9 +195,14 @@ int cmd_run(const std::string& path, const Options& o) {
         for (const auto& [fn, st] : m->stats())
             std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f\n",
                         fn.c_str(), st.compilations, st.cache_hits, st.compile_seconds);
-    if (o.stats) // process-wide, every thread: where the compile time went
+    if (o.stats) { // process-wide, every thread: where the compile time went
         std::printf("stats compile breakdown (s): %s\n",
                     jit::format_breakdown(jit::compile_breakdown()).c_str());
+        const jit::DiskCacheStats d = jit::disk_cache_stats();
+        std::printf("stats disk cache: hits=%lld misses=%lld rejected=%lld writes=%lld dir=%s\n",
+                    (long long)d.hits, (long long)d.misses, (long long)d.rejected,
+                    (long long)d.writes, jit::object_cache_dir().c_str());
+    }
     return 0;
 }
 

@@ -8,6 +8,7 @@
 #include "jit/compile_clock.hpp"
 #include "jit/cpu_jit.hpp"
 #include "jit/gpu_function.hpp"
+#include "jit/object_cache.hpp"
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
@@ -178,6 +179,7 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     }
     // Compile work of later calls (kernels compiled on first use) is added by call().
     const double t0 = jit::thread_compile_seconds();
+    const std::int64_t hits0 = jit::disk_cache_stats().hits;
     std::optional<jit::CompilePhase> phase(std::in_place, "lower");
     Diagnostics diags(*prog_->units.at(0).src);
     auto lowered = frontend::lower(*prog_, fn, types, diags, padded_);
@@ -190,6 +192,7 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     phase.reset();
     ++st.compilations;
     st.compile_seconds += jit::thread_compile_seconds() - t0;
+    st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
     auto& slot = cache_[key];
     slot = std::move(compiled);
     return *slot;
@@ -239,10 +242,13 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
             flat.push_back(envelope_mask(name, lengths.at(name)));
     }
     const double t0 = jit::thread_compile_seconds(); // kernels compiled on first use
+    const std::int64_t hits0 = jit::disk_cache_stats().hits;
     auto out = c.cpu   ? c.cpu->run(flat)
                : c.gpu ? c.gpu->run(flat)
                        : ir::interpret(c.lowered.fn, flat);
-    stats_[std::string(fn)].compile_seconds += jit::thread_compile_seconds() - t0;
+    FnStats& st = stats_[std::string(fn)];
+    st.compile_seconds += jit::thread_compile_seconds() - t0;
+    st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);
     std::size_t pos = 0;
