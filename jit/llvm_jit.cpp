@@ -32,8 +32,9 @@ namespace {
 struct Jit {
     std::unique_ptr<llvm::orc::LLJIT> lljit;
     std::unique_ptr<llvm::TargetMachine> tm;
-    std::string cpu, features; // the host's, for the disk cache key
-    std::mutex mu;
+    std::optional<llvm::orc::JITTargetMachineBuilder> jtmb; // for each thread's TargetMachine
+    std::string cpu, features;                              // the host's, for the disk cache key
+    std::mutex mu; // held while adding to or removing from the JIT
 };
 
 // An LLVM failure (say, an unresolved symbol) becomes a rag::Error, never an abort.
@@ -57,6 +58,7 @@ Jit& jit() {
         jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
         auto out = std::make_unique<Jit>();
         out->tm = take(jtmb.createTargetMachine());
+        out->jtmb = jtmb;
         out->cpu = jtmb.getCPU();
         out->features = jtmb.getFeatures().getString();
         out->lljit = take(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create());
@@ -69,6 +71,14 @@ Jit& jit() {
         return out.release();
     }();
     return *j;
+}
+
+// A TargetMachine of the calling thread's own: optimisation and code generation run outside
+// the JIT's lock, so modules compiled on several threads at once do not wait for each other.
+llvm::TargetMachine& thread_tm(Jit& j) {
+    thread_local std::unique_ptr<llvm::TargetMachine> tm;
+    if (!tm) tm = take(j.jtmb->createTargetMachine());
+    return *tm;
 }
 
 // RAG_JIT_PROFILE=1 also prints each module's compile time to stderr.
@@ -207,7 +217,6 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
         phase.emplace("disk_cache");
         key = cache_key(*m, j);
     }
-    std::lock_guard<std::mutex> lock(j.mu);
     const auto report = [&](const char* how) {
         if (profiling())
             std::fprintf(
@@ -217,6 +226,7 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
     std::vector<void*> out;
     if (!key.empty()) {
         if (auto hit = load_cached_object(key)) {
+            std::lock_guard<std::mutex> lock(j.mu);
             if (link(j, llvm::MemoryBuffer::getMemBufferCopy(hit->object, name), count, out,
                      tracker)) {
                 if (ir) *ir += hit->ir;
@@ -228,7 +238,8 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
     }
     phase.reset();
     phase.emplace("llvm_opt");
-    optimise(*m, *j.tm);
+    llvm::TargetMachine& tm = thread_tm(j);
+    optimise(*m, tm);
     std::string text;
     if (ir || !key.empty()) {
         llvm::raw_string_ostream os(text);
@@ -238,9 +249,10 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
     if (count == 0) return out;
     phase.reset();
     phase.emplace("llvm_codegen");
-    auto obj = take(llvm::orc::SimpleCompiler(*j.tm)(*m));
+    auto obj = take(llvm::orc::SimpleCompiler(tm)(*m));
     if (!key.empty())
         store_cached_object(key, {std::string(obj->getBuffer()), ir ? std::move(text) : ""});
+    std::lock_guard<std::mutex> lock(j.mu);
     if (!link(j, std::move(obj), count, out, tracker, true))
         fail("internal: CPU JIT: module ", name, " did not link");
     report("compiled");
