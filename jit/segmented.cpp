@@ -728,9 +728,10 @@ std::string line_kernel_ir(std::string_view op, DType t) {
     while (k < line_ops && names[k] != op) ++k;
     if (k == line_ops || (t != DType::f32 && t != DType::f64)) fail("line_kernel_ir: ", op);
     line_kernel(t == DType::f32, LineOp(k), &ir);
-    // The function's definition: from its `define` line to the closing brace.
+    // The function's definition: from its `define` line to the closing brace (add_module
+    // names a module's entries rag_entry_0, 1, ...).
     const std::string name =
-        "@rag_lines_" + std::to_string(2 * k + (t == DType::f32 ? 1 : 0)) + "(";
+        "@rag_entry_" + std::to_string(2 * k + (t == DType::f32 ? 1 : 0)) + "(";
     const std::size_t at = ir->find(name);
     const std::size_t begin = ir->rfind("define", at);
     if (at == std::string::npos || begin == std::string::npos) return {};
