@@ -178,7 +178,7 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
         return *it->second;
     }
     // Compile work of later calls (kernels compiled on first use) is added by call().
-    const double t0 = jit::thread_compile_seconds();
+    const double t0 = jit::compile_wall_seconds();
     const std::int64_t hits0 = jit::disk_cache_stats().hits;
     std::optional<jit::CompilePhase> phase(std::in_place, "lower");
     Diagnostics diags(*prog_->units.at(0).src);
@@ -191,7 +191,7 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     if (tier_ == Tier::gpu) compiled->gpu = jit::compile_gpu(compiled->lowered.fn);
     phase.reset();
     ++st.compilations;
-    st.compile_seconds += jit::thread_compile_seconds() - t0;
+    st.compile_seconds += jit::compile_wall_seconds() - t0;
     st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
     auto& slot = cache_[key];
     slot = std::move(compiled);
@@ -241,13 +241,13 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
         for (const auto& name : c.lowered.masks)
             flat.push_back(envelope_mask(name, lengths.at(name)));
     }
-    const double t0 = jit::thread_compile_seconds(); // kernels compiled on first use
+    const double t0 = jit::compile_wall_seconds(); // kernels compiled on first use
     const std::int64_t hits0 = jit::disk_cache_stats().hits;
     auto out = c.cpu   ? c.cpu->run(flat)
                : c.gpu ? c.gpu->run(flat)
                        : ir::interpret(c.lowered.fn, flat);
     FnStats& st = stats_[std::string(fn)];
-    st.compile_seconds += jit::thread_compile_seconds() - t0;
+    st.compile_seconds += jit::compile_wall_seconds() - t0;
     st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);

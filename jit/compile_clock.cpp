@@ -44,31 +44,51 @@ Totals& totals() {
 }
 
 thread_local CompilePhase* current = nullptr;
-thread_local double thread_total = 0;
+
+// The union of every thread's outermost phases.
+struct Busy {
+    std::mutex mu;
+    int active = 0;
+    double since = 0, total = 0;
+};
+Busy& busy() {
+    static Busy* b = new Busy; // never destroyed, like totals()
+    return *b;
+}
 
 } // namespace
 
 CompilePhase::CompilePhase(const char* name) : name_(name), outer_(current), start_(now()) {
-    if (outer_) outer_->stop();
+    if (outer_) {
+        outer_->stop();
+    } else {
+        Busy& b = busy();
+        std::lock_guard<std::mutex> lock(b.mu);
+        if (b.active++ == 0) b.since = start_;
+    }
     current = this;
 }
 
 void CompilePhase::stop() {
-    const double s = now() - start_;
-    thread_total += s;
-    totals().add(name_, s);
+    totals().add(name_, now() - start_);
 }
 
 CompilePhase::~CompilePhase() {
     stop();
     current = outer_;
-    if (outer_) outer_->start_ = now();
+    if (outer_) {
+        outer_->start_ = now();
+        return;
+    }
+    Busy& b = busy();
+    std::lock_guard<std::mutex> lock(b.mu);
+    if (--b.active == 0) b.total += now() - b.since;
 }
 
-double thread_compile_seconds() {
-    double s = thread_total;
-    if (current) s += now() - current->start_; // a call made from inside a phase
-    return s;
+double compile_wall_seconds() {
+    Busy& b = busy();
+    std::lock_guard<std::mutex> lock(b.mu);
+    return b.total + (b.active ? now() - b.since : 0.0);
 }
 
 std::vector<std::pair<std::string, double>> compile_breakdown() {

@@ -21,16 +21,18 @@ class CompilePhase {
     CompilePhase& operator=(const CompilePhase&) = delete;
 
   private:
-    friend double thread_compile_seconds();
     void stop(); // adds the running interval to this phase
     const char* name_;
     CompilePhase* outer_;
     double start_;
 };
 
-// Seconds of compile work done on the calling thread since it started (monotonic). A caller
-// that waits for compile work on other threads does so inside a phase, so the wait counts.
-double thread_compile_seconds();
+// Wall seconds during which some thread of the process was compiling (the union of the
+// phases' intervals over all threads), since the process started; monotonic. A call's compile
+// time is the difference across it: kernels compiled lazily on a worker thread of
+// parallel_for count, and modules compiled in parallel count once. Calls running at the same
+// time on several threads each see the other's compile work too.
+double compile_wall_seconds();
 
 // Process-wide seconds per phase (all threads), in first-seen order.
 std::vector<std::pair<std::string, double>> compile_breakdown();
