@@ -944,10 +944,11 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                 for (const auto& [fn, st] : s)
                     out[py::str(fn)] =
                         py::dict("compilations"_a = st.compilations, "cache_hits"_a = st.cache_hits,
-                                 "compile_seconds"_a = st.compile_seconds);
+                                 "compile_seconds"_a = st.compile_seconds,
+                                 "disk_cache_hits"_a = st.disk_cache_hits);
                 return out;
             },
-            "{function: {'compilations', 'cache_hits', 'compile_seconds'}}")
+            "{function: {'compilations', 'cache_hits', 'compile_seconds', 'disk_cache_hits'}}")
         .def("__repr__", [](const PyModule& pm) {
             std::string s = "<rag.Module '" + pm.path + "':";
             for (const auto& f : pm.mod->functions()) s += " " + f;

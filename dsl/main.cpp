@@ -1,7 +1,10 @@
 // The `rag` command: check, run and inspect .rag programs.
 #include "dsl/module.hpp"
+#include "dsl/ptx_listing.hpp"
 #include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
+#include "jit/compile_clock.hpp"
+#include "jit/object_cache.hpp"
 #include "jit/plan.hpp"
 #include "jit/ptx.hpp"
 #include "runtime/cuda.hpp"
@@ -67,8 +70,11 @@ const Command commands[] = {
                                 the CPU JIT runs it: fused loops, GEMMs, reference kernels)
 )"},
     {"ptx",
-     R"(  ptx FILE --fn NAME [--arch A]  print the PTX of NAME's GPU kernels on its declared types
-                                (--arch sm_90, the default, or sm_80)
+     R"(  ptx FILE --fn NAME [--arch A]  print the PTX of every kernel NAME launches on the GPU tier:
+                                its fused loops and the kernel-IR programs (relpos, GEMMs,
+                                norms, reductions) one call on random inputs picks, run on
+                                the emulated device (--lengths, --seed as for run; --arch
+                                sm_90, the default, or sm_80)
 )"},
     {"repl",
      R"(  repl                          an interactive session (:help inside); reading a pipe,
@@ -320,6 +326,14 @@ int cmd_run(const std::string& path, const Options& o) {
         for (const auto& [fn, st] : m->stats())
             std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f\n",
                         fn.c_str(), st.compilations, st.cache_hits, st.compile_seconds);
+    if (o.stats) { // process-wide, every thread: where the compile time went
+        std::printf("stats compile breakdown (s): %s\n",
+                    jit::format_breakdown(jit::compile_breakdown()).c_str());
+        const jit::DiskCacheStats d = jit::disk_cache_stats();
+        std::printf("stats disk cache: hits=%lld misses=%lld rejected=%lld writes=%lld dir=%s\n",
+                    (long long)d.hits, (long long)d.misses, (long long)d.rejected,
+                    (long long)d.writes, jit::object_cache_dir().c_str());
+    }
     return 0;
 }
 
@@ -330,14 +344,30 @@ int cmd_ir(const std::string& path, const Options& o) {
     return 0;
 }
 
+// `rag ptx`: the kernel-IR programs a function launches are chosen from its values, so one
+// call runs on the emulated device (no GPU needed) on random inputs, as `rag run` makes them.
 int cmd_ptx(const std::string& path, const Options& o) {
     if (o.fn.empty()) fail("ptx needs --fn NAME");
+    setenv("RAG_GPU_EMULATE", "1", 1); // before anything asks runtime/cuda.hpp
     auto m = Module::load(path);
     Diagnostics diags(*m->program().units[0].src);
-    auto lowered = frontend::lower(m->program(), o.fn, std::nullopt, diags);
-    if (!lowered) throw CompileError(diags.str());
-    const jit::Plan plan = jit::make_plan(lowered->fn);
-    std::fputs(jit::describe(jit::fused_ptx(lowered->fn, plan, o.arch), lowered->fn, plan).c_str(),
+    auto decl = frontend::lower(m->program(), o.fn, std::nullopt, diags);
+    if (!decl) throw CompileError(diags.str());
+    std::vector<Value> args;
+    std::uint64_t stream = 0;
+    for (const auto& t : decl->params) {
+        if (t.kind == frontend::VType::Kind::record)
+            args.push_back(m->init(t.record, o.seed));
+        else if (t.kind == frontend::VType::Kind::tensor)
+            args.push_back(random_tensor(t.schema, o, stream++));
+        else
+            fail("ptx: cannot make a random tuple argument");
+    }
+    std::string lengths;
+    for (std::int64_t l : o.lengths) lengths += (lengths.empty() ? "" : ",") + std::to_string(l);
+    std::fputs(list_gpu_kernels(*m, o.fn, args, o.arch,
+                                "random inputs with lengths " + lengths + " (--lengths)")
+                   .c_str(),
                stdout);
     return 0;
 }

@@ -5,13 +5,15 @@
 
 #include "frontend/lower.hpp"
 #include "ir/interpreter.hpp"
+#include "jit/compile_clock.hpp"
 #include "jit/cpu_jit.hpp"
 #include "jit/gpu_function.hpp"
+#include "jit/object_cache.hpp"
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
-#include <chrono>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace rag {
@@ -166,16 +168,22 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
         ++st.cache_hits;
         return *it->second;
     }
-    auto t0 = std::chrono::steady_clock::now();
+    // Compile work of later calls (kernels compiled on first use) is added by call().
+    const double t0 = jit::compile_wall_seconds();
+    const std::int64_t hits0 = jit::disk_cache_stats().hits;
+    std::optional<jit::CompilePhase> phase(std::in_place, "lower");
     Diagnostics diags(*prog_->units.at(0).src);
     auto lowered = frontend::lower(*prog_, fn, types, diags, padded_);
     if (!lowered) throw CompileError(diags.str());
     auto compiled = std::make_unique<Compiled>(Compiled{std::move(*lowered), nullptr, nullptr});
+    phase.reset();
+    phase.emplace("plan");
     if (tier_ == Tier::jit) compiled->cpu = jit::compile_cpu(compiled->lowered.fn);
     if (tier_ == Tier::gpu) compiled->gpu = jit::compile_gpu(compiled->lowered.fn);
+    phase.reset();
     ++st.compilations;
-    st.compile_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.compile_seconds += jit::compile_wall_seconds() - t0;
+    st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
     auto& slot = cache_[key];
     slot = std::move(compiled);
     return *slot;
@@ -224,9 +232,14 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
         for (const auto& name : c.lowered.masks)
             flat.push_back(envelope_mask(name, lengths.at(name)));
     }
+    const double t0 = jit::compile_wall_seconds(); // kernels compiled on first use
+    const std::int64_t hits0 = jit::disk_cache_stats().hits;
     auto out = c.cpu   ? c.cpu->run(flat)
                : c.gpu ? c.gpu->run(flat)
                        : ir::interpret(c.lowered.fn, flat);
+    FnStats& st = stats_[std::string(fn)];
+    st.compile_seconds += jit::compile_wall_seconds() - t0;
+    st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);
     std::size_t pos = 0;

@@ -49,7 +49,8 @@ enum class Tier { interpreter, jit, gpu };
 struct FnStats {
     int compilations = 0;
     int cache_hits = 0;
-    double compile_seconds = 0;
+    double compile_seconds = 0; // every compile cost of its calls (jit/compile_clock.hpp)
+    int disk_cache_hits = 0;    // compiled modules loaded from RAG_CACHE_DIR instead
 };
 
 class Module {

@@ -109,14 +109,37 @@ RaggedTensor from_device(const cuda::Buffer& b, DType t, const StructurePtr& st)
     return out;
 }
 
+namespace {
+struct Loaded {
+    std::mutex mu;
+    std::map<std::string, std::unique_ptr<GpuKernel>> cache;
+    std::vector<std::pair<std::string, const GpuKernel*>> order; // first use first
+};
+Loaded& loaded() {
+    static Loaded l;
+    return l;
+}
+} // namespace
+
 const GpuKernel& gpu_kernel(const std::string& key, const std::function<kir::Kernel()>& make) {
-    static std::mutex mu;
-    static std::map<std::string, std::unique_ptr<GpuKernel>> cache;
-    std::lock_guard<std::mutex> lock(mu);
-    auto& k = cache[key];
-    if (!k && cuda::emulated()) k = std::make_unique<EmulatedGpuKernel>(make());
-    if (!k) k = std::make_unique<LoadedKernel>(make());
+    Loaded& l = loaded();
+    std::lock_guard<std::mutex> lock(l.mu);
+    auto& k = l.cache[key];
+    if (k) return *k;
+    if (cuda::emulated())
+        k = std::make_unique<EmulatedGpuKernel>(make());
+    else
+        k = std::make_unique<LoadedKernel>(make());
+    l.order.emplace_back(key, k.get());
     return *k;
+}
+
+std::vector<std::pair<std::string, const kir::Kernel*>> gpu_kernels_loaded() {
+    Loaded& l = loaded();
+    std::lock_guard<std::mutex> lock(l.mu);
+    std::vector<std::pair<std::string, const kir::Kernel*>> out;
+    for (const auto& [key, k] : l.order) out.emplace_back(key, &k->kernel());
+    return out;
 }
 
 } // namespace rag::jit

@@ -14,6 +14,8 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rag::jit {
 
@@ -38,6 +40,10 @@ std::int64_t kir_gpu_blocks(std::int64_t grid, std::int64_t scratch_bytes, int m
 // of the process under `key` (make runs on the first use of a key only). Thread-safe. Throws
 // "CUDA unavailable: ..." without a device.
 const GpuKernel& gpu_kernel(const std::string& key, const std::function<kir::Kernel()>& make);
+
+// Every kernel gpu_kernel has built in this process, (key, program), in order of first use:
+// what `rag ptx` lists after running a call on the emulated device.
+std::vector<std::pair<std::string, const kir::Kernel*>> gpu_kernels_loaded();
 
 // Launch buffers. Never empty (at least 8 bytes): a buffer a program does not touch (an
 // absent table) still gets a real pointer, so a stray read stays in bounds.

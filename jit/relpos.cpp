@@ -5,6 +5,7 @@
 #include "jit/relpos.hpp"
 
 #include "ir/ops/relpos_config.hpp"
+#include "jit/compile_clock.hpp"
 #include "jit/kir_cpu.hpp"
 #include "jit/kir_emulator.hpp"
 #include "jit/relpos_programs.hpp"
@@ -13,6 +14,7 @@
 
 #include <map>
 #include <mutex>
+#include <thread>
 
 namespace rag::jit {
 namespace {
@@ -21,44 +23,91 @@ constexpr const char* op_name = "relpos_attention";
 
 enum class Pass { forward, query_grad, key_grad, reduce, project };
 
-// The pass's program for setup's shape, compiled for the host, or when setup.emulated through
-// the GPU lowering for the device emulator (jit/kir_emulator.hpp).
-const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
-    static std::mutex mu;
-    static std::map<std::string, std::unique_ptr<CpuKernel>> cache;
+using Compile = std::unique_ptr<CpuKernel> (*)(const kir::Kernel&);
+
+std::string key_of(Pass pass, const RelposSetup& setup) {
     const RelposShape& s = setup.shape;
-    using Compile = std::unique_ptr<CpuKernel> (*)(const kir::Kernel&);
-    const Compile compile = setup.emulated
-                                ? +[](const kir::Kernel& k) { return compile_kernel_emulated(k); }
-                                : &compile_kernel_cpu;
     std::string key = std::string(setup.emulated ? "emulated/" : "") + std::to_string(int(pass));
     if (pass != Pass::reduce)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
                std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.saved) +
                std::to_string(s.tensor_cores) + "/" + std::to_string(s.scale);
-    std::lock_guard<std::mutex> lock(mu);
-    auto& k = cache[key];
-    if (!k) {
-        switch (pass) {
-        case Pass::forward:
-            k = compile(relpos_forward_program(s));
-            break;
-        case Pass::query_grad:
-            k = compile(relpos_query_grad_program(s));
-            break;
-        case Pass::key_grad:
-            k = compile(relpos_key_grad_program(s));
-            break;
-        case Pass::reduce:
-            k = compile(relpos_table_reduce_program());
-            break;
-        case Pass::project:
-            k = compile(relpos_project_program(s));
-            break;
-        }
+    return key;
+}
+
+// The pass's program for setup's shape, compiled for the host, or when setup.emulated through
+// the GPU lowering for the device emulator (jit/kir_emulator.hpp).
+std::unique_ptr<CpuKernel> build(Pass pass, const RelposSetup& setup) {
+    CompilePhase phase("kernel_ir"); // building the program; LLVM's share is its own phase
+    const RelposShape& s = setup.shape;
+    const Compile compile = setup.emulated
+                                ? +[](const kir::Kernel& k) { return compile_kernel_emulated(k); }
+                                : &compile_kernel_cpu;
+    switch (pass) {
+    case Pass::forward:
+        return compile(relpos_forward_program(s));
+    case Pass::query_grad:
+        return compile(relpos_query_grad_program(s));
+    case Pass::key_grad:
+        return compile(relpos_key_grad_program(s));
+    case Pass::reduce:
+        break;
+    case Pass::project:
+        return compile(relpos_project_program(s));
     }
+    return compile(relpos_table_reduce_program());
+}
+
+struct Kernels {
+    std::mutex mu;
+    std::map<std::string, std::unique_ptr<CpuKernel>> cache;
+};
+Kernels& kernels() {
+    static Kernels k;
+    return k;
+}
+
+// Compiled once per process and shape, then cached.
+const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
+    Kernels& ks = kernels();
+    std::lock_guard<std::mutex> lock(ks.mu);
+    auto& k = ks.cache[key_of(pass, setup)];
+    if (!k) k = build(pass, setup);
     return *k;
+}
+
+// Compiles the passes not cached yet on threads of their own, all at once (a first backward
+// needs three programs, each taking LLVM a second or more; they do not depend on each other).
+void prepare(std::initializer_list<Pass> passes, const RelposSetup& setup) {
+    Kernels& ks = kernels();
+    std::vector<Pass> missing;
+    {
+        std::lock_guard<std::mutex> lock(ks.mu);
+        for (Pass p : passes)
+            if (!ks.cache.count(key_of(p, setup))) missing.push_back(p);
+    }
+    if (missing.size() < 2) return;         // kernel() compiles a lone one where it is used
+    CompilePhase phase("parallel_compile"); // the caller's wait counts as its compile time
+    std::vector<std::unique_ptr<CpuKernel>> built(missing.size());
+    std::vector<std::exception_ptr> errors(missing.size());
+    std::vector<std::thread> threads;
+    for (std::size_t k = 0; k < missing.size(); ++k)
+        threads.emplace_back([&, k] {
+            try {
+                built[k] = build(missing[k], setup);
+            } catch (...) {
+                errors[k] = std::current_exception();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors)
+        if (e) std::rethrow_exception(e);
+    std::lock_guard<std::mutex> lock(ks.mu);
+    for (std::size_t k = 0; k < missing.size(); ++k) {
+        auto& slot = ks.cache[key_of(missing[k], setup)];
+        if (!slot) slot = std::move(built[k]); // else another thread was first
+    }
 }
 
 // f32 workspace counted by rag::memory (it is a Buffer).
@@ -181,6 +230,10 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         if (sh.saved)
             for (auto* bufs : {&qbufs, &kbufs})
                 bufs->insert(bufs->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
+        if (s->cfg.has[AQ] || s->cfg.has[AK] || s->cfg.has[BIAS])
+            prepare({Pass::query_grad, Pass::key_grad, Pass::reduce}, *s);
+        else
+            prepare({Pass::query_grad, Pass::key_grad}, *s);
         kernel(Pass::query_grad, *s).launch(s->nonempty() * s->H, qbufs, s->params());
         kernel(Pass::key_grad, *s).launch(s->nonempty() * s->H, kbufs, s->params());
         Floats* partial[] = {&zq, &zk, &zb};

@@ -1,5 +1,6 @@
 #include "jit/rowwise.hpp"
 
+#include "jit/compile_clock.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
 #include "jit/uninitialized.hpp"
@@ -148,6 +149,7 @@ RowKernel kernel(bool f32, Which which) {
     static std::once_flag once;
     static RowKernel table[8];
     std::call_once(once, [] {
+        CompilePhase phase("host_kernels");
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module("rag_rowwise", *ctx);
         for (int k = 0; k < 8; ++k)

@@ -1,5 +1,6 @@
 #include "jit/segmented.hpp"
 
+#include "jit/compile_clock.hpp"
 #include "jit/elementwise_llvm.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
@@ -104,6 +105,7 @@ SegKernel kernel(bool f32, bool expand, bool mean) {
     static std::once_flag once;
     static SegKernel table[8];
     std::call_once(once, [] {
+        CompilePhase phase("host_kernels");
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module("rag_segmented", *ctx);
         for (int k = 0; k < 8; ++k)
@@ -523,6 +525,7 @@ LineKernel line_kernel(bool f32, LineOp op, const std::string** ir = nullptr) {
     static LineKernel table[2 * line_ops];
     static std::string text;
     std::call_once(once, [] {
+        CompilePhase phase("host_kernels");
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module("rag_lines", *ctx);
         for (int k = 0; k < 2 * line_ops; ++k)
@@ -725,9 +728,10 @@ std::string line_kernel_ir(std::string_view op, DType t) {
     while (k < line_ops && names[k] != op) ++k;
     if (k == line_ops || (t != DType::f32 && t != DType::f64)) fail("line_kernel_ir: ", op);
     line_kernel(t == DType::f32, LineOp(k), &ir);
-    // The function's definition: from its `define` line to the closing brace.
+    // The function's definition: from its `define` line to the closing brace (add_module
+    // names a module's entries rag_entry_0, 1, ...).
     const std::string name =
-        "@rag_lines_" + std::to_string(2 * k + (t == DType::f32 ? 1 : 0)) + "(";
+        "@rag_entry_" + std::to_string(2 * k + (t == DType::f32 ? 1 : 0)) + "(";
     const std::size_t at = ir->find(name);
     const std::size_t begin = ir->rfind("define", at);
     if (at == std::string::npos || begin == std::string::npos) return {};

@@ -23,6 +23,12 @@ if importlib.util.find_spec("rag") is None:
 
 import rag  # noqa: E402
 
+# Compiled objects go to a cache of the test run's own, never the user's (./dev test sets one).
+if "RAG_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["RAG_CACHE_DIR"] = tempfile.mkdtemp(prefix="rag-pytest-cache-")
+
 
 @pytest.fixture(scope="session")
 def root():
