@@ -3,6 +3,7 @@
 #include "ir/interpreter.hpp"
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
+#include "jit/blas.hpp"
 #include "jit/elementwise_llvm.hpp"
 #include "jit/gemm_programs.hpp"
 #include "jit/index_map.hpp"
@@ -18,7 +19,6 @@
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
 
-#include <cblas.h>
 #include <llvm/IR/IRBuilder.h>
 
 #include <atomic>
@@ -172,13 +172,13 @@ void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedT
     const int m = int(job.M), d = int(job.N), k = int(job.K);
     const int lda = int(job.a_transposed ? job.M : job.K);
     if (n.type.dtype == DType::f32)
-        cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0f,
-                    static_cast<const float*>(a.data()), lda, static_cast<const float*>(b.data()),
-                    d, 0.0f, static_cast<float*>(result.mutable_data()), d);
+        gemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0f, static_cast<const float*>(a.data()),
+             lda, static_cast<const float*>(b.data()), d,
+             static_cast<float*>(result.mutable_data()), d);
     else
-        cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0,
-                    static_cast<const double*>(a.data()), lda, static_cast<const double*>(b.data()),
-                    d, 0.0, static_cast<double*>(result.mutable_data()), d);
+        gemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0, static_cast<const double*>(a.data()),
+             lda, static_cast<const double*>(b.data()), d,
+             static_cast<double*>(result.mutable_data()), d);
 }
 
 class CompiledCpu final : public CpuFunction {
@@ -276,9 +276,15 @@ class CompiledCpu final : public CpuFunction {
                          });
             return;
         }
-        parallel_for(st->numel(), 1 << 15, [&](std::int64_t b, std::int64_t e) {
-            k(b, e, in.data(), out.data(), rows.data(), maps.data(), width);
-        });
+        // Chunks of whole 64-element blocks: where the vectorised body ends and the scalar tail
+        // begins (whose math may round differently) then depends on the element count alone.
+        constexpr std::int64_t block = 64;
+        const std::int64_t n = st->numel();
+        parallel_for((n + block - 1) / block, (1 << 15) / block,
+                     [&](std::int64_t b, std::int64_t e) {
+                         k(b * block, std::min(e * block, n), in.data(), out.data(), rows.data(),
+                           maps.data(), width);
+                     });
     }
 
     ir::Function f_;
