@@ -162,7 +162,9 @@ std::vector<std::string> Module::functions() const {
 
 const Module::Compiled& Module::specialise(std::string_view fn, const std::vector<Value>& args) {
     std::vector<frontend::VType> types;
-    std::string key = (tier_ == Tier::jit ? "jit:" : tier_ == Tier::gpu ? "cuda:" : "interp:") +
+    std::string key = (tier_ == Tier::jit   ? "jit:"
+                       : tier_ == Tier::gpu ? "cuda:"
+                                            : "interp:") +
                       std::string(padded_ ? "padded:" : "") + std::string(fn);
     for (const auto& a : args) {
         types.push_back(vtype_of(a));
@@ -231,9 +233,15 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
         for (const auto& name : c.lowered.masks)
             flat.push_back(envelope_mask(name, lengths.at(name)));
     }
-    auto out = c.cpu   ? c.cpu->run(flat)
-               : c.gpu ? c.gpu->run(flat)
+    jit::Placement place;
+    auto out = c.cpu   ? c.cpu->run(flat, &place)
+               : c.gpu ? c.gpu->run(flat, &place)
                        : ir::interpret(c.lowered.fn, flat);
+    FnStats& st = stats_[std::string(fn)];
+    st.compiled_steps = place.compiled;
+    st.device_steps = place.device;
+    st.reference_steps = std::move(place.reference);
+    st.host_steps = std::move(place.host);
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);
     std::size_t pos = 0;

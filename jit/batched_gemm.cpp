@@ -3,6 +3,7 @@
 #include "ir/interpreter.hpp"
 #include "ir/ops/kernel_util.hpp"
 #include "jit/blas.hpp"
+#include "jit/placement.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/parallel.hpp"
 
@@ -133,7 +134,7 @@ RaggedTensor run_batched_gemm(const ir::Node& n, const std::vector<RaggedTensor>
                        sa[std::size_t(r - 1)] == sb[std::size_t(r - 2)];
     }
     // Unequal runtime extents: the reference kernel names the sample.
-    if (!shapes_agree) return evaluate(n.op, {a, b}, n.attrs);
+    if (!shapes_agree) return reference_kernel(n.op, {a, b}, n.attrs);
     auto st = kern::make_structure(n.type.shape, as.batch(), [&](std::int64_t i) {
         auto s = as.sample_shape(i);
         std::vector<std::int64_t> out(s.begin(), s.end());

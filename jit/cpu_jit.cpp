@@ -10,6 +10,7 @@
 #include "jit/layout.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
+#include "jit/placement.hpp"
 #include "jit/relpos.hpp"
 #include "jit/relpos_step.hpp"
 #include "jit/rowwise.hpp"
@@ -158,7 +159,7 @@ void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedT
     }
     const std::optional<GemmJob> found = gemm_job(n, vals);
     if (!found) { // operands that disagree: the reference kernel says which sample
-        result = evaluate(n.op, {a, b}, n.attrs);
+        result = reference_kernel(n.op, {a, b}, n.attrs);
         return;
     }
     const GemmJob& job = *found;
@@ -202,16 +203,26 @@ class CompiledCpu final : public CpuFunction {
     const Plan& plan() const override { return plan_; }
     const std::string& llvm_ir() const override { return ir_; }
 
-    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
+    using CpuFunction::run;
+    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs,
+                                  Placement* where) const override {
         std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
+        Placement place;
         if (profile_.on()) profile_.count_call();
         RelposNodes<RelposOnCpu> relpos;
         for (std::size_t k = 0; k < plan_.steps.size(); ++k) {
             const Step& s = plan_.steps[k];
             const double t0 = profile_.on() ? StepProfile::now() : 0.0;
+            const std::int64_t refs = reference_runs;
             run_step(s, vals, relpos);
             if (profile_.on()) profile_.add(k, StepProfile::now() - t0);
+            // A step that reached a reference kernel (its own, or a host kernel's fallback).
+            if (reference_runs != refs)
+                ++place.reference[step_op(s)];
+            else
+                ++place.compiled;
         }
+        if (where) *where = std::move(place);
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
         return out;
@@ -226,11 +237,20 @@ class CompiledCpu final : public CpuFunction {
             reference(std::size_t(s.index), vals); // relpos: fused tile kernels
     }
 
+    // The op a step is reported under: the node's op, or "fused" for a fused group.
+    std::string step_op(const Step& s) const {
+        if (s.kind != Step::Kind::fused) return f_.nodes[std::size_t(s.index)].op;
+        std::string ops;
+        for (int v : plan_.groups[std::size_t(s.index)].nodes)
+            ops += (ops.empty() ? "" : "+") + f_.nodes[std::size_t(v)].op;
+        return ops;
+    }
+
     void reference(std::size_t i, std::vector<RaggedTensor>& vals) const {
         const ir::Node& n = f_.nodes[i];
         std::vector<RaggedTensor> args;
         for (int a : n.args) args.push_back(vals[std::size_t(a)]);
-        vals[i] = evaluate(n.op, args, n.attrs);
+        vals[i] = reference_kernel(n.op, args, n.attrs);
     }
 
     void run_group(std::size_t g, std::vector<RaggedTensor>& vals) const {
@@ -317,6 +337,7 @@ bool run_host_step(const ir::Function& f, const Step& s, std::vector<RaggedTenso
         run_gemm(n, out, vals);
         return true;
     case Step::Kind::fused:
+    case Step::Kind::relpos: // the caller's RelposNodes
     case Step::Kind::reference:
         break;
     }

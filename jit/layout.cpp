@@ -1,6 +1,7 @@
 #include "jit/layout.hpp"
 
 #include "ir/ops/kernel_util.hpp"
+#include "jit/placement.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
@@ -246,7 +247,7 @@ RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals
         auto is_new = *keep_new_items(like.shape(), n.attrs.get_str("spec"));
         if (x.batch() != like.batch() ||
             x.structure().sizes() != indexed_sizes(like.structure(), is_new))
-            return evaluate("index_grad", {x, like}, n.attrs); // names the sample
+            return reference_kernel("index_grad", {x, like}, n.attrs); // names the sample
         return RaggedTensor(like.dtype(), like.structure_ptr(), x.buffer());
     }
     const TransposePlan p = transpose_plan(x.shape(), n.attrs);

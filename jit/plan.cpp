@@ -72,6 +72,11 @@ bool fusable_node(const ir::Function& f, const ir::Node& n) {
 
 } // namespace
 
+bool is_relpos_step(const ir::Function& f, const ir::Node& n) {
+    return (n.op == "relpos_attention" || n.op == "relpos_attention_grad") &&
+           f.type(n.args[0]).dtype != DType::f64;
+}
+
 bool is_fusable_op(std::string_view op) {
     return fusable.count(op) > 0;
 }
@@ -117,6 +122,7 @@ Plan make_plan(const ir::Function& f) {
                                     n.op == "matmul_weight_grad")) ||
                     is_batched_gemm(f, n);
         p.steps.push_back({gemm                                    ? Step::Kind::gemm
+                           : is_relpos_step(f, n)                  ? Step::Kind::relpos
                            : is_segmented(f, n)                    ? Step::Kind::segmented
                            : layout_kind(f, n) != LayoutKind::none ? Step::Kind::layout
                                                                    : Step::Kind::reference,
@@ -153,6 +159,7 @@ std::string print(const Plan& p, const ir::Function& f) {
                    : s.kind == Step::Kind::segmented ? "segmented %"
                    : s.kind == Step::Kind::rowwise   ? "rowwise   %"
                    : s.kind == Step::Kind::attention ? "attention %"
+                   : s.kind == Step::Kind::relpos    ? "relpos    %"
                    : s.kind == Step::Kind::layout
                        ? (layout_kind(f, n) == LayoutKind::view ? "view      %" : "permute   %")
                        : "reference %")
