@@ -231,6 +231,7 @@ LayoutKind layout_kind(const ir::Function& f, const ir::Node& n) {
         return keep_new_items(f.type(n.args[1]).shape, n.attrs.get_str("spec")) ? LayoutKind::view
                                                                                 : LayoutKind::none;
     if (n.op == "transpose") return transpose_plan(f.type(n.args[0]).shape, n.attrs).kind;
+    if (n.op == "reshape") return LayoutKind::view; // the static tail is innermost storage
     return LayoutKind::none;
 }
 
@@ -241,6 +242,8 @@ RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals
         auto st = Structure::make(n.type.shape, x.batch(), indexed_sizes(x.structure(), is_new));
         return RaggedTensor(x.dtype(), st, x.buffer());
     }
+    if (n.op == "reshape") // the op's kernel only rebuilds the structure over x's buffer
+        return evaluate("reshape", {x}, n.attrs);
     if (n.op == "index_grad") {
         // index_grad(g, x): every element of x was read once, so dx is g under x's structure.
         const RaggedTensor& like = vals[std::size_t(n.args[1])];

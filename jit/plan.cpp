@@ -59,7 +59,6 @@ std::optional<Access> access(const Schema& in, const Schema& out) {
 bool fusable_node(const ir::Function& f, const ir::Node& n) {
     if (!fusable.count(n.op)) return false;
     if (n.type.dtype != DType::f32 && n.type.dtype != DType::f64) return false;
-    if (!n.type.shape.batched && n.type.shape.axes.empty()) return false; // scalars: not worth it
     for (int a : n.args)
         if (!access(f.type(a), n.type)) return false;
     // The loop's structure comes from its full and gather operands.

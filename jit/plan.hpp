@@ -4,9 +4,9 @@
 // GEMM each; `sum`/`mean` (over one axis or globally), `max`/`min`/`softmax`/`logsumexp` over
 // one axis, their gradients and `sum_to` run as segmented loops (jit/segmented.hpp);
 // layernorm/rmsnorm and their gradients as row loops (jit/rowwise.hpp); attention and its gradients
-// as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose that move no data
-// or whole rows as views or row copies (jit/layout.hpp); relpos_attention and its gradients as
-// fused tile programs (jit/relpos.hpp; f64 runs the reference, as the programs compute in f32);
+// as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose/reshape that move
+// no data or whole rows as views or row copies (jit/layout.hpp); relpos_attention and its gradients
+// as fused tile programs (jit/relpos.hpp; f64 runs the reference, as the programs compute in f32);
 // every other op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
