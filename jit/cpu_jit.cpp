@@ -93,7 +93,9 @@ class GroupEmitter {
                     at = row_start[k];
                     break;
                 }
-                vals_[g_.inputs[k].value] = L.load(t_, in_ptr[k], at);
+                const DType stored = f_.type(g_.inputs[k].value).dtype;
+                vals_[g_.inputs[k].value] =
+                    from_storage(b, L.load(storage_type(b, stored, t_), in_ptr[k], at), stored, t_);
             }
             for (int v : g_.nodes) {
                 const ir::Node& n = f_.nodes[std::size_t(v)];
@@ -102,7 +104,8 @@ class GroupEmitter {
                 vals_[v] = emit_elementwise(b, m_, host_math(), n, args, t_);
             }
             for (std::size_t k = 0; k < g_.outputs.size(); ++k)
-                L.store(vals_[g_.outputs[k]], out_ptr[k], i);
+                L.store(to_storage(b, vals_[g_.outputs[k]], f_.type(g_.outputs[k]).dtype, t_),
+                        out_ptr[k], i);
         };
         auto row_loop = [&] {
             L.loop(begin, end, [&](llvm::Value* r) {
@@ -284,7 +287,7 @@ class CompiledCpu final : public CpuFunction {
             return;
         }
         for (int o : grp.outputs) {
-            vals[std::size_t(o)] = uninitialized(grp.dtype, st);
+            vals[std::size_t(o)] = uninitialized(f_.type(o).dtype, st); // bool or grp.dtype
             out.push_back(vals[std::size_t(o)].mutable_data());
         }
         Kernel k = kernels_[g];

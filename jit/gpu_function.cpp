@@ -286,7 +286,6 @@ class CompiledGpu final : public GpuFunction {
         }
         const StructurePtr& st = shape_from->structure_ptr();
         std::int64_t n = st->numel();
-        const std::size_t elem = dtype_size(grp.dtype);
         std::vector<std::int64_t> lens;
         std::vector<std::uint64_t> ptrs;
         for (const auto& x : grp.inputs) {
@@ -295,8 +294,9 @@ class CompiledGpu final : public GpuFunction {
             lens.push_back(std::max<std::int64_t>(t.numel(), 1));
         }
         std::vector<cuda::Buffer> outs;
-        for (std::size_t k = 0; k < grp.outputs.size(); ++k) {
-            outs.push_back(device_buffer(std::size_t(n) * elem));
+        for (std::size_t k = 0; k < grp.outputs.size(); ++k) { // bool outputs: one byte each
+            outs.push_back(
+                device_buffer(std::size_t(n) * dtype_size(f_.type(grp.outputs[k]).dtype)));
             ptrs.push_back(outs.back().ptr());
         }
         // cuLaunchKernel takes the address of each parameter's value, in kernel order.
@@ -314,7 +314,8 @@ class CompiledGpu final : public GpuFunction {
         else
             kernels_[g].launch(unsigned(blocks), kFusedBlock, params);
         for (std::size_t k = 0; k < grp.outputs.size(); ++k)
-            vals[std::size_t(grp.outputs[k])] = dev.result(std::move(outs[k]), grp.dtype, st);
+            vals[std::size_t(grp.outputs[k])] =
+                dev.result(std::move(outs[k]), f_.type(grp.outputs[k]).dtype, st);
     }
 
     ir::Function f_;

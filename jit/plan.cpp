@@ -13,8 +13,19 @@ namespace rag::jit {
 namespace {
 
 const std::set<std::string, std::less<>> fusable = {
-    "neg",  "exp", "log", "sqrt", "rsqrt", "abs", "tanh",    "sigmoid", "relu",  "gelu",
-    "silu", "add", "sub", "mul",  "div",   "pow", "maximum", "minimum", "scale", "unary_grad"};
+    "neg",   "exp",        "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu",
+    "gelu",  "silu",       "add", "sub",  "mul",   "div", "pow",  "maximum", "minimum",
+    "scale", "unary_grad", "lt",  "le",   "gt",    "ge",  "eq",   "ne",      "where"};
+
+bool is_comparison(std::string_view op) {
+    return op == "lt" || op == "le" || op == "gt" || op == "ge" || op == "eq" || op == "ne";
+}
+
+// The float type a fused loop computes node n in: its operands' for a comparison (its result
+// is bool, held as 0/1), its own otherwise.
+DType loop_dtype(const ir::Function& f, const ir::Node& n) {
+    return is_comparison(n.op) ? f.type(n.args[0]).dtype : n.type.dtype;
+}
 
 bool is_one(const Axis& a) {
     return a.kind == AxisKind::fixed && a.extent == 1;
@@ -37,9 +48,9 @@ std::optional<Access> gather_access(const Shape& in, const Shape& out) {
     return std::nullopt;
 }
 
-// How a fused loop over `out` values can read `in`, if it can.
+// How a fused loop over `out` values can read `in`, if it can (shapes only: fusable_node checks
+// that every operand is of the loop's float type or bool).
 std::optional<Access> access(const Schema& in, const Schema& out) {
-    if (in.dtype != out.dtype) return std::nullopt;
     if (in.shape == out.shape) return Access::full;
     if (in.shape.batched) return gather_access(in.shape, out.shape);
     if (in.shape.axes.empty()) return Access::scalar;
@@ -58,7 +69,14 @@ std::optional<Access> access(const Schema& in, const Schema& out) {
 
 bool fusable_node(const ir::Function& f, const ir::Node& n) {
     if (!fusable.count(n.op)) return false;
-    if (n.type.dtype != DType::f32 && n.type.dtype != DType::f64) return false;
+    const DType t = loop_dtype(f, n);
+    if (t != DType::f32 && t != DType::f64) return false;
+    if (n.type.dtype != t && n.type.dtype != DType::boolean) return false;
+    // Operands of the loop's type; bool only where a condition is read.
+    for (std::size_t k = 0; k < n.args.size(); ++k) {
+        const DType a = f.type(n.args[k]).dtype;
+        if (a != t && !(a == DType::boolean && n.op == "where" && k == 0)) return false;
+    }
     for (int a : n.args)
         if (!access(f.type(a), n.type)) return false;
     // The loop's structure comes from its full and gather operands.
@@ -93,10 +111,10 @@ Plan make_plan(const ir::Function& f) {
             if (extend) {
                 const FusedGroup& g = p.groups[std::size_t(p.steps.back().index)];
                 const Schema& t = f.type(g.nodes.front());
-                extend = t.shape == n.type.shape && t.dtype == n.type.dtype;
+                extend = t.shape == n.type.shape && g.dtype == loop_dtype(f, n);
             }
             if (!extend) {
-                p.groups.push_back({{}, {}, {}, n.type.dtype});
+                p.groups.push_back({{}, {}, {}, loop_dtype(f, n)});
                 p.steps.push_back({Step::Kind::fused, int(p.groups.size()) - 1, {}});
             }
             p.groups.back().nodes.push_back(int(i));

@@ -117,3 +117,43 @@ def test_gpu_tier_reports_device_steps_and_host_fallbacks():
     assert f == {"compiled": 0, "reference": {}, "device": 2, "host": {}}, f
     # The f64 GEMM has no device kernel: it runs on the host and says so.
     assert g == {"compiled": 0, "reference": {}, "device": 0, "host": {"matmul_f64": 1}}, g
+
+
+COMPARE = """
+fn sel(a: f32[B, ~N, 8], b: f32[B, ~N, 8]) -> f32[B, ~N, 8] {
+    return where(a < b, a, b * 2.0) + where(a != b, 1.0 - a, a)
+}
+fn lc(a: f32[B, ~N, 8], b: f32[B, ~N, 8]) -> f32[] { return sum(where(a <= b, a * a, b)) }
+fn dlc(a: f32[B, ~N, 8], b: f32[B, ~N, 8]) -> f32[B, ~N, 8] { return grad(lc, wrt=a)(a, b) }
+fn all(a: f64[B, ~N, 8], b: f64[B, ~N, 8]) -> (bool[B, ~N, 8], bool[B, ~N, 8], bool[B, ~N, 8],
+                                                bool[B, ~N, 8], bool[B, ~N, 8], bool[B, ~N, 8]) {
+    return (a < b, a <= b, a > b, a >= b, a == b, a != b)
+}
+"""
+
+
+def test_comparisons_and_where_run_compiled_and_equal_the_reference():
+    m = rag.compile(COMPARE, "compare.rag")
+    rng = np.random.default_rng(0)
+
+    def ints(dtype):  # small integers: many ties; NaN in the first sample
+        xs = [rng.integers(-2, 3, (n, 8)).astype(dtype) for n in (3, 0, 70)]
+        xs[0][0, :3] = np.nan
+        return rag.ragged(xs)
+
+    cases = {"sel": [ints(np.float32) for _ in range(2)],
+             "dlc": [ints(np.float32) for _ in range(2)],
+             "all": [ints(np.float64) for _ in range(2)]}
+    got = {fn: m[fn](*args) for fn, args in cases.items()}
+    for fn in cases:
+        steps = m.stats()[fn]["steps"]
+        assert not any(op in steps["reference"] for op in ("lt", "le", "gt", "ge", "eq", "ne",
+                                                           "where")), (fn, steps)
+    m.tier = "interpreter"
+    for fn, args in cases.items():
+        want = m[fn](*args)
+        pairs = zip(got[fn], want) if isinstance(want, tuple) else [(got[fn], want)]
+        for g, w in pairs:
+            assert g.schema == w.schema
+            for x, y in zip(g.to_list(), w.to_list()):
+                np.testing.assert_array_equal(x, y)

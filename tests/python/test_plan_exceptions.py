@@ -11,10 +11,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # op -> why it still runs its reference kernel (README lists the same).
 ANY_DTYPE = {
-    "lt": "comparisons give bool; fused loops hold one float type",
-    "le": "comparisons", "gt": "comparisons", "ge": "comparisons", "eq": "comparisons",
-    "ne": "comparisons",
-    "where": "a bool operand; fused loops hold one float type",
     "cast": "conversions between element types",
     "dropout": "one counter-based pass in the reference kernel",
     "concat": "copies by the reference kernel", "pad": "copies into the dense envelope",
