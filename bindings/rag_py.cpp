@@ -941,14 +941,22 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                     s = pm.mod->stats();
                 }
                 py::dict out;
-                for (const auto& [fn, st] : s)
+                for (const auto& [fn, st] : s) {
+                    // Where the steps of the latest call ran: counts, and op -> count.
+                    py::dict steps("compiled"_a = st.compiled_steps,
+                                   "reference"_a = py::cast(st.reference_steps),
+                                   "device"_a = st.device_steps,
+                                   "host"_a = py::cast(st.host_steps));
                     out[py::str(fn)] =
                         py::dict("compilations"_a = st.compilations, "cache_hits"_a = st.cache_hits,
                                  "compile_seconds"_a = st.compile_seconds,
-                                 "disk_cache_hits"_a = st.disk_cache_hits);
+                                 "disk_cache_hits"_a = st.disk_cache_hits, "steps"_a = steps);
+                }
                 return out;
             },
-            "{function: {'compilations', 'cache_hits', 'compile_seconds', 'disk_cache_hits'}}")
+            "{function: {'compilations', 'cache_hits', 'compile_seconds', 'disk_cache_hits', "
+            "'steps': {'compiled', 'reference': {op: n}, 'device', 'host': {op_dtype: n}}}} "
+            "(steps: the latest call)")
         .def("__repr__", [](const PyModule& pm) {
             std::string s = "<rag.Module '" + pm.path + "':";
             for (const auto& f : pm.mod->functions()) s += " " + f;

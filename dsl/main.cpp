@@ -323,9 +323,24 @@ int cmd_run(const std::string& path, const Options& o) {
     }
     save_params(*m, args, slots, o);
     if (o.stats)
-        for (const auto& [fn, st] : m->stats())
-            std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f\n",
-                        fn.c_str(), st.compilations, st.cache_hits, st.compile_seconds);
+        for (const auto& [fn, st] : m->stats()) {
+            // Where the latest call's steps ran: every reference kernel and host fallback named.
+            std::string where = "steps " + fn + ": compiled=" + std::to_string(st.compiled_steps) +
+                                " device=" + std::to_string(st.device_steps);
+            for (const auto& [kind, ops] :
+                 {std::pair{"reference", &st.reference_steps}, std::pair{"host", &st.host_steps}}) {
+                where += std::string(" ") + kind + "=";
+                std::string list;
+                for (const auto& [op, n] : *ops)
+                    list += (list.empty() ? "" : ",") + op + ":" + std::to_string(n);
+                where += list.empty() ? "0" : list;
+            }
+            std::printf("stats %s: compilations=%d cache_hits=%d compile_seconds=%.3f "
+                        "disk_cache_hits=%d\n",
+                        fn.c_str(), st.compilations, st.cache_hits, st.compile_seconds,
+                        st.disk_cache_hits);
+            std::printf("%s\n", where.c_str());
+        }
     if (o.stats) { // process-wide, every thread: where the compile time went
         std::printf("stats compile breakdown (s): %s\n",
                     jit::format_breakdown(jit::compile_breakdown()).c_str());

@@ -234,12 +234,17 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
     }
     const double t0 = jit::compile_wall_seconds(); // kernels compiled on first use
     const std::int64_t hits0 = jit::disk_cache_stats().hits;
-    auto out = c.cpu   ? c.cpu->run(flat)
-               : c.gpu ? c.gpu->run(flat)
+    jit::Placement place;
+    auto out = c.cpu   ? c.cpu->run(flat, &place)
+               : c.gpu ? c.gpu->run(flat, &place)
                        : ir::interpret(c.lowered.fn, flat);
     FnStats& st = stats_[std::string(fn)];
     st.compile_seconds += jit::compile_wall_seconds() - t0;
     st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
+    st.compiled_steps = place.compiled;
+    st.device_steps = place.device;
+    st.reference_steps = std::move(place.reference);
+    st.host_steps = std::move(place.host);
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);
     std::size_t pos = 0;

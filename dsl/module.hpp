@@ -51,6 +51,10 @@ struct FnStats {
     int cache_hits = 0;
     double compile_seconds = 0; // every compile cost of its calls (jit/compile_clock.hpp)
     int disk_cache_hits = 0;    // compiled modules loaded from RAG_CACHE_DIR instead
+    // Where the plan steps of the latest call ran (compiled tiers; jit/placement.hpp): compiled
+    // kernels, device kernels, and by op name reference kernels and host fallbacks (op_dtype).
+    std::int64_t compiled_steps = 0, device_steps = 0;
+    std::map<std::string, std::int64_t> reference_steps, host_steps;
 };
 
 class Module {

@@ -2,10 +2,10 @@
 
 #include "ir/interpreter.hpp"
 #include "ir/ops/kernel_util.hpp"
+#include "jit/blas.hpp"
+#include "jit/placement.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/parallel.hpp"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <vector>
@@ -73,12 +73,8 @@ template <class T> void product(const T* a, Matrix A, const T* b, Matrix B, T* c
     const Blas vc = blas_view(out, order);
     const auto opa = va.trans ? CblasTrans : CblasNoTrans,
                opb = vb.trans ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<T, float>)
-        cblas_sgemm(order, opa, opb, int(C.rows), int(C.cols), int(A.cols), 1.0f, a, va.ld, b,
-                    vb.ld, 0.0f, dst, vc.ld);
-    else
-        cblas_dgemm(order, opa, opb, int(C.rows), int(C.cols), int(A.cols), 1.0, a, va.ld, b, vb.ld,
-                    0.0, dst, vc.ld);
+    gemm(order, opa, opb, int(C.rows), int(C.cols), int(A.cols), T(1), a, va.ld, b, vb.ld, dst,
+         vc.ld);
     if (dst != c)
         for (std::int64_t r = 0; r < C.rows; ++r)
             for (std::int64_t k = 0; k < C.cols; ++k) c[r * C.rs + k * C.cs] = dst[r * C.cols + k];
@@ -138,7 +134,7 @@ RaggedTensor run_batched_gemm(const ir::Node& n, const std::vector<RaggedTensor>
                        sa[std::size_t(r - 1)] == sb[std::size_t(r - 2)];
     }
     // Unequal runtime extents: the reference kernel names the sample.
-    if (!shapes_agree) return evaluate(n.op, {a, b}, n.attrs);
+    if (!shapes_agree) return reference_kernel(n.op, {a, b}, n.attrs);
     auto st = kern::make_structure(n.type.shape, as.batch(), [&](std::int64_t i) {
         auto s = as.sample_shape(i);
         std::vector<std::int64_t> out(s.begin(), s.end());

@@ -3,6 +3,7 @@
 #include "ir/interpreter.hpp"
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
+#include "jit/blas.hpp"
 #include "jit/elementwise_llvm.hpp"
 #include "jit/gather.hpp"
 #include "jit/gemm_programs.hpp"
@@ -10,6 +11,7 @@
 #include "jit/layout.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
+#include "jit/placement.hpp"
 #include "jit/relpos.hpp"
 #include "jit/relpos_step.hpp"
 #include "jit/rowwise.hpp"
@@ -19,7 +21,6 @@
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
 
-#include <cblas.h>
 #include <llvm/IR/IRBuilder.h>
 
 #include <atomic>
@@ -93,7 +94,9 @@ class GroupEmitter {
                     at = row_start[k];
                     break;
                 }
-                vals_[g_.inputs[k].value] = L.load(t_, in_ptr[k], at);
+                const DType stored = f_.type(g_.inputs[k].value).dtype;
+                vals_[g_.inputs[k].value] =
+                    from_storage(b, L.load(storage_type(b, stored, t_), in_ptr[k], at), stored, t_);
             }
             for (int v : g_.nodes) {
                 const ir::Node& n = f_.nodes[std::size_t(v)];
@@ -102,7 +105,8 @@ class GroupEmitter {
                 vals_[v] = emit_elementwise(b, m_, host_math(), n, args, t_);
             }
             for (std::size_t k = 0; k < g_.outputs.size(); ++k)
-                L.store(vals_[g_.outputs[k]], out_ptr[k], i);
+                L.store(to_storage(b, vals_[g_.outputs[k]], f_.type(g_.outputs[k]).dtype, t_),
+                        out_ptr[k], i);
         };
         auto row_loop = [&] {
             L.loop(begin, end, [&](llvm::Value* r) {
@@ -159,7 +163,7 @@ void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedT
     }
     const std::optional<GemmJob> found = gemm_job(n, vals);
     if (!found) { // operands that disagree: the reference kernel says which sample
-        result = evaluate(n.op, {a, b}, n.attrs);
+        result = reference_kernel(n.op, {a, b}, n.attrs);
         return;
     }
     const GemmJob& job = *found;
@@ -173,13 +177,13 @@ void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedT
     const int m = int(job.M), d = int(job.N), k = int(job.K);
     const int lda = int(job.a_transposed ? job.M : job.K);
     if (n.type.dtype == DType::f32)
-        cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0f,
-                    static_cast<const float*>(a.data()), lda, static_cast<const float*>(b.data()),
-                    d, 0.0f, static_cast<float*>(result.mutable_data()), d);
+        gemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0f, static_cast<const float*>(a.data()),
+             lda, static_cast<const float*>(b.data()), d,
+             static_cast<float*>(result.mutable_data()), d);
     else
-        cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0,
-                    static_cast<const double*>(a.data()), lda, static_cast<const double*>(b.data()),
-                    d, 0.0, static_cast<double*>(result.mutable_data()), d);
+        gemm(CblasRowMajor, ta, CblasNoTrans, m, d, k, 1.0, static_cast<const double*>(a.data()),
+             lda, static_cast<const double*>(b.data()), d,
+             static_cast<double*>(result.mutable_data()), d);
 }
 
 class CompiledCpu final : public CpuFunction {
@@ -203,16 +207,26 @@ class CompiledCpu final : public CpuFunction {
     const Plan& plan() const override { return plan_; }
     const std::string& llvm_ir() const override { return ir_; }
 
-    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
+    using CpuFunction::run;
+    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs,
+                                  Placement* where) const override {
         std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
+        Placement place;
         if (profile_.on()) profile_.count_call();
         RelposNodes<RelposOnCpu> relpos;
         for (std::size_t k = 0; k < plan_.steps.size(); ++k) {
             const Step& s = plan_.steps[k];
             const double t0 = profile_.on() ? StepProfile::now() : 0.0;
+            const std::int64_t refs = reference_runs;
             run_step(s, vals, relpos);
             if (profile_.on()) profile_.add(k, StepProfile::now() - t0);
+            // A step that reached a reference kernel (its own, or a host kernel's fallback).
+            if (reference_runs != refs)
+                ++place.reference[step_op(s)];
+            else
+                ++place.compiled;
         }
+        if (where) *where = std::move(place);
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
         return out;
@@ -227,11 +241,20 @@ class CompiledCpu final : public CpuFunction {
             reference(std::size_t(s.index), vals); // relpos: fused tile kernels
     }
 
+    // The op a step is reported under: the node's op, or "fused" for a fused group.
+    std::string step_op(const Step& s) const {
+        if (s.kind != Step::Kind::fused) return f_.nodes[std::size_t(s.index)].op;
+        std::string ops;
+        for (int v : plan_.groups[std::size_t(s.index)].nodes)
+            ops += (ops.empty() ? "" : "+") + f_.nodes[std::size_t(v)].op;
+        return ops;
+    }
+
     void reference(std::size_t i, std::vector<RaggedTensor>& vals) const {
         const ir::Node& n = f_.nodes[i];
         std::vector<RaggedTensor> args;
         for (int a : n.args) args.push_back(vals[std::size_t(a)]);
-        vals[i] = evaluate(n.op, args, n.attrs);
+        vals[i] = reference_kernel(n.op, args, n.attrs);
     }
 
     void run_group(std::size_t g, std::vector<RaggedTensor>& vals) const {
@@ -265,7 +288,7 @@ class CompiledCpu final : public CpuFunction {
             return;
         }
         for (int o : grp.outputs) {
-            vals[std::size_t(o)] = uninitialized(grp.dtype, st);
+            vals[std::size_t(o)] = uninitialized(f_.type(o).dtype, st); // bool or grp.dtype
             out.push_back(vals[std::size_t(o)].mutable_data());
         }
         Kernel k = kernels_[g];
@@ -277,9 +300,15 @@ class CompiledCpu final : public CpuFunction {
                          });
             return;
         }
-        parallel_for(st->numel(), 1 << 15, [&](std::int64_t b, std::int64_t e) {
-            k(b, e, in.data(), out.data(), rows.data(), maps.data(), width);
-        });
+        // Chunks of whole 64-element blocks: where the vectorised body ends and the scalar tail
+        // begins (whose math may round differently) then depends on the element count alone.
+        constexpr std::int64_t block = 64;
+        const std::int64_t n = st->numel();
+        parallel_for((n + block - 1) / block, (1 << 15) / block,
+                     [&](std::int64_t b, std::int64_t e) {
+                         k(b * block, std::min(e * block, n), in.data(), out.data(), rows.data(),
+                           maps.data(), width);
+                     });
     }
 
     ir::Function f_;
@@ -315,6 +344,7 @@ bool run_host_step(const ir::Function& f, const Step& s, std::vector<RaggedTenso
         run_gemm(n, out, vals);
         return true;
     case Step::Kind::fused:
+    case Step::Kind::relpos: // the caller's RelposNodes
     case Step::Kind::reference:
         break;
     }

@@ -3,6 +3,7 @@
 // depends on a length: sizes and offsets stay runtime data, so one compilation serves every
 // batch of the same schemas. LLVM headers stay inside jit/*.cpp.
 #pragma once
+#include "jit/placement.hpp"
 #include "jit/plan.hpp"
 
 #include <memory>
@@ -12,7 +13,12 @@ namespace rag::jit {
 class CpuFunction {
   public:
     virtual ~CpuFunction() = default;
-    virtual std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const = 0;
+    // `where`, when given, receives where each plan step of this call ran.
+    virtual std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs,
+                                          Placement* where) const = 0;
+    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const {
+        return run(inputs, nullptr);
+    }
     virtual const Plan& plan() const = 0;
     virtual const std::string& llvm_ir() const = 0; // the optimised module, for tests and dumps
 };

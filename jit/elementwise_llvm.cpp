@@ -139,6 +139,15 @@ llvm::Value* emit_elementwise(llvm::IRBuilder<>& b, llvm::Module& m, const MathL
         fail("internal: no derivative code for ", f);
     };
     const std::string& op = n.op;
+    // Comparisons give 0/1 in t (NaN: only ne holds, as in the reference); where selects on it.
+    auto truth = [&](llvm::Value* cond) { return b.CreateSelect(cond, c(1), c(0)); };
+    if (op == "lt") return truth(b.CreateFCmpOLT(arg(0), arg(1)));
+    if (op == "le") return truth(b.CreateFCmpOLE(arg(0), arg(1)));
+    if (op == "gt") return truth(b.CreateFCmpOGT(arg(0), arg(1)));
+    if (op == "ge") return truth(b.CreateFCmpOGE(arg(0), arg(1)));
+    if (op == "eq") return truth(b.CreateFCmpOEQ(arg(0), arg(1)));
+    if (op == "ne") return truth(b.CreateFCmpUNE(arg(0), arg(1)));
+    if (op == "where") return b.CreateSelect(b.CreateFCmpUNE(arg(0), c(0)), arg(1), arg(2));
     if (op == "neg") return b.CreateFNeg(arg(0));
     if (op == "exp") return fn(MathFn::exp, {arg(0)});
     if (op == "log") return fn(MathFn::log, {arg(0)});
@@ -164,6 +173,17 @@ llvm::Value* emit_elementwise(llvm::IRBuilder<>& b, llvm::Module& m, const MathL
     if (op == "scale") return b.CreateFMul(arg(0), c(n.attrs.get_float("c")));
     if (op == "unary_grad") return b.CreateFMul(arg(2), unary_derivative(n, arg(0), arg(1)));
     fail("internal: no elementwise code for ", op);
+}
+
+llvm::Type* storage_type(llvm::IRBuilder<>& b, DType stored, llvm::Type* t) {
+    return stored == DType::boolean ? b.getInt8Ty() : t;
+}
+llvm::Value* from_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType stored, llvm::Type* t) {
+    return stored == DType::boolean ? b.CreateUIToFP(v, t) : v;
+}
+llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType stored, llvm::Type* t) {
+    if (stored != DType::boolean) return v;
+    return b.CreateZExt(b.CreateFCmpUNE(v, llvm::ConstantFP::get(t, 0.0)), b.getInt8Ty());
 }
 
 } // namespace rag::jit

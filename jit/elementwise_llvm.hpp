@@ -32,4 +32,11 @@ llvm::Value* emit_elementwise(llvm::IRBuilder<>& b, llvm::Module& m, const MathL
                               const ir::Node& n, const std::vector<llvm::Value*>& args,
                               llvm::Type* t);
 
+// Inside a fused loop every value has the loop's float type t; bool tensors (one byte per
+// element) are read as 0/1 and written back as 0/1 bytes. The type a tensor of `stored` dtype
+// is read and written as, and the conversions to and from t.
+llvm::Type* storage_type(llvm::IRBuilder<>& b, DType stored, llvm::Type* t);
+llvm::Value* from_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType stored, llvm::Type* t);
+llvm::Value* to_storage(llvm::IRBuilder<>& b, llvm::Value* v, DType stored, llvm::Type* t);
+
 } // namespace rag::jit

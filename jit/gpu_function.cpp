@@ -6,6 +6,7 @@
 #include "jit/kir_emulator.hpp"
 #include "jit/kir_gpu.hpp"
 #include "jit/norm_programs.hpp"
+#include "jit/placement.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos_gpu.hpp"
 #include "jit/relpos_step.hpp"
@@ -196,15 +197,24 @@ class CompiledGpu final : public GpuFunction {
 
     const PtxProgram& ptx() const override { return ptx_; }
 
-    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const override {
+    using GpuFunction::run;
+    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs,
+                                  Placement* where) const override {
         std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
+        Placement place;
         DeviceValues dev;
         RelposNodes<RelposOnGpu> relpos(true); // self-attention too
         for (const Step& s : plan_.steps) {
+            const std::int64_t refs = reference_runs;
             if (s.kind == Step::Kind::fused) {
                 run_group(std::size_t(s.index), vals, dev);
+                if (reference_runs != refs)
+                    ++place.reference["fused"];
+                else
+                    ++place.device;
                 continue;
             }
+            const ir::Node& n = f_.nodes[std::size_t(s.index)];
             // Device kernels where there are some; else the CPU tier's host kernels (f64
             // GEMMs, batched GEMMs, f64 norms, cross-attention, layout, other reductions), which
             // also compute the sibling gradients of a rowwise or attention step; else the
@@ -213,26 +223,47 @@ class CompiledGpu final : public GpuFunction {
             if (relpos.run(f_, i, vals)) { // with an attention step's sibling gradients
                 for (int j : s.also)
                     if (!relpos.run(f_, std::size_t(j), vals)) reference(std::size_t(j), vals);
+                count(place, n, refs, true);
                 continue;
             }
-            if (run_segment_program(f_.nodes[i], i, vals, dev) ||
-                run_gemm_program(f_.nodes[i], i, vals, dev) ||
-                run_norm_program(f_, s.index, s.also, vals, dev) || run_host_step(f_, s, vals))
+            if (run_segment_program(n, i, vals, dev) || run_gemm_program(n, i, vals, dev) ||
+                run_norm_program(f_, s.index, s.also, vals, dev)) {
+                count(place, n, refs, true);
                 continue;
+            }
+            // No device kernel: the CPU tier's host kernels (f64 and batched GEMMs,
+            // cross-attention, layout, ...), reported as host fallbacks, else the reference.
+            if (run_host_step(f_, s, vals)) {
+                count(place, n, refs, false);
+                continue;
+            }
             reference(i, vals);
             for (int j : s.also) reference(std::size_t(j), vals);
+            count(place, n, refs, false);
         }
+        if (where) *where = std::move(place);
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);
         return out;
     }
 
   private:
+    // A step that reached a reference kernel is a reference step; else a device kernel, or a
+    // host fallback named op_dtype (matmul_f64: the f64 GEMM has no device kernel).
+    static void count(Placement& place, const ir::Node& n, std::int64_t refs, bool device) {
+        if (reference_runs != refs)
+            ++place.reference[n.op];
+        else if (device)
+            ++place.device;
+        else
+            ++place.host[n.op + "_" + std::string(dtype_name(n.type.dtype))];
+    }
+
     void reference(std::size_t i, std::vector<RaggedTensor>& vals) const {
         const ir::Node& n = f_.nodes[i];
         std::vector<RaggedTensor> args;
         for (int a : n.args) args.push_back(vals[std::size_t(a)]);
-        vals[i] = evaluate(n.op, args, n.attrs);
+        vals[i] = reference_kernel(n.op, args, n.attrs);
     }
 
     // The group's kernel over the packed elements; operands of unequal runtime structure go
@@ -255,7 +286,6 @@ class CompiledGpu final : public GpuFunction {
         }
         const StructurePtr& st = shape_from->structure_ptr();
         std::int64_t n = st->numel();
-        const std::size_t elem = dtype_size(grp.dtype);
         std::vector<std::int64_t> lens;
         std::vector<std::uint64_t> ptrs;
         for (const auto& x : grp.inputs) {
@@ -264,8 +294,9 @@ class CompiledGpu final : public GpuFunction {
             lens.push_back(std::max<std::int64_t>(t.numel(), 1));
         }
         std::vector<cuda::Buffer> outs;
-        for (std::size_t k = 0; k < grp.outputs.size(); ++k) {
-            outs.push_back(device_buffer(std::size_t(n) * elem));
+        for (std::size_t k = 0; k < grp.outputs.size(); ++k) { // bool outputs: one byte each
+            outs.push_back(
+                device_buffer(std::size_t(n) * dtype_size(f_.type(grp.outputs[k]).dtype)));
             ptrs.push_back(outs.back().ptr());
         }
         // cuLaunchKernel takes the address of each parameter's value, in kernel order.
@@ -283,7 +314,8 @@ class CompiledGpu final : public GpuFunction {
         else
             kernels_[g].launch(unsigned(blocks), kFusedBlock, params);
         for (std::size_t k = 0; k < grp.outputs.size(); ++k)
-            vals[std::size_t(grp.outputs[k])] = dev.result(std::move(outs[k]), grp.dtype, st);
+            vals[std::size_t(grp.outputs[k])] =
+                dev.result(std::move(outs[k]), f_.type(grp.outputs[k]).dtype, st);
     }
 
     ir::Function f_;

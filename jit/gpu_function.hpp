@@ -12,6 +12,7 @@
 // calls (parameters are uploaded again each call). Relpos applications upload their own
 // inputs. This header knows nothing of LLVM or of the driver.
 #pragma once
+#include "jit/placement.hpp"
 #include "jit/ptx.hpp"
 
 #include <memory>
@@ -21,7 +22,13 @@ namespace rag::jit {
 class GpuFunction {
   public:
     virtual ~GpuFunction() = default;
-    virtual std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const = 0;
+    // `where`, when given, receives where each plan step of this call ran (device kernels,
+    // host fallbacks through the CPU tier's kernels, reference kernels).
+    virtual std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs,
+                                          Placement* where) const = 0;
+    std::vector<RaggedTensor> run(const std::vector<RaggedTensor>& inputs) const {
+        return run(inputs, nullptr);
+    }
     virtual const PtxProgram& ptx() const = 0;
 };
 

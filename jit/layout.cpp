@@ -2,6 +2,7 @@
 
 #include "ir/ops/index_plan.hpp"
 #include "ir/ops/kernel_util.hpp"
+#include "jit/placement.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
@@ -321,6 +322,7 @@ LayoutKind layout_kind(const ir::Function& f, const ir::Node& n) {
                                             : LayoutKind::none;
     }
     if (n.op == "transpose") return transpose_plan(f.type(n.args[0]).shape, n.attrs).kind;
+    if (n.op == "reshape") return LayoutKind::view; // the static tail is innermost storage
     return LayoutKind::none;
 }
 
@@ -334,13 +336,15 @@ RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals
         auto st = Structure::make(n.type.shape, x.batch(), indexed_sizes(x.structure(), is_new));
         return RaggedTensor(x.dtype(), st, x.buffer());
     }
+    if (n.op == "reshape") // the op's kernel only rebuilds the structure over x's buffer
+        return evaluate("reshape", {x}, n.attrs);
     if (n.op == "index_grad") {
         // index_grad(g, x): every element of x was read once, so dx is g under x's structure.
         const RaggedTensor& like = vals[std::size_t(n.args[1])];
         auto is_new = *keep_new_items(like.shape(), n.attrs.get_str("spec"));
         if (x.batch() != like.batch() ||
             x.structure().sizes() != indexed_sizes(like.structure(), is_new))
-            return evaluate("index_grad", {x, like}, n.attrs); // names the sample
+            return reference_kernel("index_grad", {x, like}, n.attrs); // names the sample
         return RaggedTensor(like.dtype(), like.structure_ptr(), x.buffer());
     }
     const TransposePlan p = transpose_plan(x.shape(), n.attrs);

@@ -82,7 +82,10 @@ llvm::Function* emit_group_kernel(llvm::Module& m, const ir::Function& f, const 
         llvm::Value* at = g.inputs[k].access == Access::full  ? static_cast<llvm::Value*>(i)
                           : g.inputs[k].access == Access::row ? b.CreateURem(i, len)
                                                               : b.getInt64(0);
-        vals[g.inputs[k].value] = b.CreateLoad(t, b.CreateGEP(t, x, at));
+        const DType stored = f.type(g.inputs[k].value).dtype;
+        llvm::Type* st = storage_type(b, stored, t);
+        vals[g.inputs[k].value] =
+            from_storage(b, b.CreateLoad(st, b.CreateGEP(st, x, at)), stored, t);
     }
     for (int v : g.nodes) {
         const ir::Node& node = f.nodes[std::size_t(v)];
@@ -91,8 +94,11 @@ llvm::Function* emit_group_kernel(llvm::Module& m, const ir::Function& f, const 
         vals[v] = emit_elementwise(b, m, emulated ? host_math() : libdevice_math(), node, args, t);
     }
     const unsigned out0 = unsigned(1 + 2 * g.inputs.size());
-    for (std::size_t k = 0; k < g.outputs.size(); ++k)
-        b.CreateStore(vals.at(g.outputs[k]), b.CreateGEP(t, fn->getArg(out0 + unsigned(k)), i));
+    for (std::size_t k = 0; k < g.outputs.size(); ++k) {
+        const DType stored = f.type(g.outputs[k]).dtype;
+        b.CreateStore(to_storage(b, vals.at(g.outputs[k]), stored, t),
+                      b.CreateGEP(storage_type(b, stored, t), fn->getArg(out0 + unsigned(k)), i));
+    }
     i->addIncoming(b.CreateAdd(i, stride), body);
     b.CreateBr(loop);
     b.SetInsertPoint(exit);

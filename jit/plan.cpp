@@ -14,8 +14,19 @@ namespace rag::jit {
 namespace {
 
 const std::set<std::string, std::less<>> fusable = {
-    "neg",  "exp", "log", "sqrt", "rsqrt", "abs", "tanh",    "sigmoid", "relu",  "gelu",
-    "silu", "add", "sub", "mul",  "div",   "pow", "maximum", "minimum", "scale", "unary_grad"};
+    "neg",   "exp",        "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu",
+    "gelu",  "silu",       "add", "sub",  "mul",   "div", "pow",  "maximum", "minimum",
+    "scale", "unary_grad", "lt",  "le",   "gt",    "ge",  "eq",   "ne",      "where"};
+
+bool is_comparison(std::string_view op) {
+    return op == "lt" || op == "le" || op == "gt" || op == "ge" || op == "eq" || op == "ne";
+}
+
+// The float type a fused loop computes node n in: its operands' for a comparison (its result
+// is bool, held as 0/1), its own otherwise.
+DType loop_dtype(const ir::Function& f, const ir::Node& n) {
+    return is_comparison(n.op) ? f.type(n.args[0]).dtype : n.type.dtype;
+}
 
 bool is_one(const Axis& a) {
     return a.kind == AxisKind::fixed && a.extent == 1;
@@ -38,9 +49,9 @@ std::optional<Access> gather_access(const Shape& in, const Shape& out) {
     return std::nullopt;
 }
 
-// How a fused loop over `out` values can read `in`, if it can.
+// How a fused loop over `out` values can read `in`, if it can (shapes only: fusable_node checks
+// that every operand is of the loop's float type or bool).
 std::optional<Access> access(const Schema& in, const Schema& out) {
-    if (in.dtype != out.dtype) return std::nullopt;
     if (in.shape == out.shape) return Access::full;
     if (in.shape.batched) return gather_access(in.shape, out.shape);
     if (in.shape.axes.empty()) return Access::scalar;
@@ -59,8 +70,14 @@ std::optional<Access> access(const Schema& in, const Schema& out) {
 
 bool fusable_node(const ir::Function& f, const ir::Node& n) {
     if (!fusable.count(n.op)) return false;
-    if (n.type.dtype != DType::f32 && n.type.dtype != DType::f64) return false;
-    if (!n.type.shape.batched && n.type.shape.axes.empty()) return false; // scalars: not worth it
+    const DType t = loop_dtype(f, n);
+    if (t != DType::f32 && t != DType::f64) return false;
+    if (n.type.dtype != t && n.type.dtype != DType::boolean) return false;
+    // Operands of the loop's type; bool only where a condition is read.
+    for (std::size_t k = 0; k < n.args.size(); ++k) {
+        const DType a = f.type(n.args[k]).dtype;
+        if (a != t && !(a == DType::boolean && n.op == "where" && k == 0)) return false;
+    }
     for (int a : n.args)
         if (!access(f.type(a), n.type)) return false;
     // The loop's structure comes from its full and gather operands.
@@ -72,6 +89,11 @@ bool fusable_node(const ir::Function& f, const ir::Node& n) {
 }
 
 } // namespace
+
+bool is_relpos_step(const ir::Function& f, const ir::Node& n) {
+    return (n.op == "relpos_attention" || n.op == "relpos_attention_grad") &&
+           f.type(n.args[0]).dtype != DType::f64;
+}
 
 bool is_fusable_op(std::string_view op) {
     return fusable.count(op) > 0;
@@ -90,10 +112,10 @@ Plan make_plan(const ir::Function& f) {
             if (extend) {
                 const FusedGroup& g = p.groups[std::size_t(p.steps.back().index)];
                 const Schema& t = f.type(g.nodes.front());
-                extend = t.shape == n.type.shape && t.dtype == n.type.dtype;
+                extend = t.shape == n.type.shape && g.dtype == loop_dtype(f, n);
             }
             if (!extend) {
-                p.groups.push_back({{}, {}, {}, n.type.dtype});
+                p.groups.push_back({{}, {}, {}, loop_dtype(f, n)});
                 p.steps.push_back({Step::Kind::fused, int(p.groups.size()) - 1, {}});
             }
             p.groups.back().nodes.push_back(int(i));
@@ -118,6 +140,7 @@ Plan make_plan(const ir::Function& f) {
                                     n.op == "matmul_weight_grad")) ||
                     is_batched_gemm(f, n);
         p.steps.push_back({gemm                                    ? Step::Kind::gemm
+                           : is_relpos_step(f, n)                  ? Step::Kind::relpos
                            : is_segmented(f, n)                    ? Step::Kind::segmented
                            : layout_kind(f, n) != LayoutKind::none ? Step::Kind::layout
                            : is_gather_step(n)                     ? Step::Kind::gather
@@ -157,6 +180,7 @@ std::string print(const Plan& p, const ir::Function& f) {
                    : s.kind == Step::Kind::attention ? "attention %"
                    : s.kind == Step::Kind::gather
                        ? (n.op == "positions" ? "positions %" : "gather    %")
+                   : s.kind == Step::Kind::relpos    ? "relpos    %"
                    : s.kind == Step::Kind::layout
                        ? (layout_kind(f, n) == LayoutKind::view    ? "view      %"
                           : layout_kind(f, n) == LayoutKind::slice ? "slice     %"

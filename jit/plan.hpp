@@ -4,9 +4,11 @@
 // GEMM each; `sum`/`mean` (over one axis or globally), `max`/`min`/`softmax`/`logsumexp` over
 // one axis, their gradients and `sum_to` run as segmented loops (jit/segmented.hpp);
 // layernorm/rmsnorm and their gradients as row loops (jit/rowwise.hpp); attention and its gradients
-// as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose that move no data
-// or whole rows as views or row copies (jit/layout.hpp); gather, gather_grad and positions as
-// row-copy and row-sum loops (jit/gather.hpp); every other op runs its reference kernel.
+// as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose/reshape that move
+// no data or whole rows as views or row copies (jit/layout.hpp); gather, gather_grad and positions
+// as row-copy and row-sum loops (jit/gather.hpp); relpos_attention and its gradients as fused tile
+// programs (jit/relpos.hpp; f64 runs the reference, as the programs compute in f32); every other
+// op runs its reference kernel.
 // This header knows nothing of LLVM.
 #pragma once
 #include "ir/ir.hpp"
@@ -38,7 +40,7 @@ struct FusedGroup {
 };
 
 struct Step {
-    enum class Kind { fused, gemm, segmented, rowwise, attention, layout, gather, reference } kind;
+    enum class Kind { fused, gemm, segmented, rowwise, attention, layout, gather, relpos, reference } kind;
     int index;             // the group (fused) or the IR node (the others)
     std::vector<int> also; // rowwise, attention: sibling gradient nodes the same pass computes
 };
@@ -50,6 +52,9 @@ struct Plan {
 
 // Ops a fused loop can compute (unary math, broadcasting arithmetic, scale).
 bool is_fusable_op(std::string_view op);
+// relpos_attention(_grad) nodes the tile programs compute: not f64, as the programs keep their
+// scores, tables and log-sum-exp in f32 (f64 runs the f64 reference kernel instead).
+bool is_relpos_step(const ir::Function& f, const ir::Node& n);
 Plan make_plan(const ir::Function& f);
 std::string print(const Plan& p, const ir::Function& f); // for dumps and tests
 

@@ -60,6 +60,10 @@ template <class State> class RelposNodes {
         const bool grad = n.op == "relpos_attention_grad" || n.op == "attention_grad";
         if (!attention && n.op != "relpos_attention" && n.op != "relpos_attention_grad")
             return false;
+        // The tile programs keep scores, tables and the log-sum-exp in f32: f64 would silently
+        // lose precision, so it runs the f64 reference (relpos) or the f64 host kernels
+        // (attention) instead.
+        if (f.type(n.args[0]).dtype == DType::f64) return false;
         std::vector<int> args(n.args.begin(), n.args.end() - grad);
         std::vector<RaggedTensor> in;
         for (int a : args) in.push_back(vals[std::size_t(a)]);

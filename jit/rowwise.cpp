@@ -3,6 +3,7 @@
 #include "jit/compile_clock.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
+#include "jit/placement.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
@@ -200,7 +201,7 @@ void run_rowwise(const ir::Function& f, int i, const std::vector<int>& also,
         // Unequal extents: the reference kernel names the sample.
         std::vector<RaggedTensor> args;
         for (int a : n.args) args.push_back(vals[std::size_t(a)]);
-        vals[std::size_t(i)] = evaluate(n.op, args, n.attrs);
+        vals[std::size_t(i)] = reference_kernel(n.op, args, n.attrs);
         fail("internal: ", n.op, " accepted unequal structures");
     }
     const bool f32 = n.type.dtype == DType::f32;

@@ -4,6 +4,7 @@
 #include "jit/elementwise_llvm.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
+#include "jit/placement.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
 #include "runtime/parallel.hpp"
@@ -767,7 +768,7 @@ RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& v
         if (auto y = run_lines(n, vals)) return *y;
         std::vector<RaggedTensor> args;
         for (int a : n.args) args.push_back(vals[std::size_t(a)]);
-        return evaluate(n.op, args, n.attrs);
+        return reference_kernel(n.op, args, n.attrs);
     }
     const bool f32 = n.type.dtype == DType::f32;
     if (n.op == "sum_to") {
@@ -783,7 +784,7 @@ RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& v
                 for (int a = 0; a < x.structure().rank(); ++a)
                     if (a != sp.axis && x.structure().size(i, a) != like.structure().size(i, a))
                         ok = false;
-        if (!ok) return evaluate("sum_to", {x, like}, n.attrs);
+        if (!ok) return reference_kernel("sum_to", {x, like}, n.attrs);
         if (sp.kind == SumToPlan::one_axis) {
             RaggedTensor out = uninitialized(like.dtype(), like.structure_ptr());
             auto seg = segments(x.structure(), like.structure(), AxisPlan{false, sp.axis});

@@ -19,9 +19,12 @@ int default_threads() {
 
 std::atomic<int> chosen{0};
 
-// Chunks per thread: ragged work is uneven (one long sample among short ones), so a call is cut
-// into more chunks than threads and each thread takes the next chunk when it is done.
-constexpr std::int64_t chunks_per_thread = 8;
+// The most chunks a call is cut into. Ragged work is uneven (one long sample among short ones),
+// so a call has more chunks than threads and each thread takes the next chunk when it is done.
+// The count depends on n and grain alone, never on the thread count: a kernel whose result
+// depends on where a chunk ends (a vector body and a scalar tail) then computes the same bits
+// under any RAG_NUM_THREADS.
+constexpr std::int64_t max_chunks = 64;
 
 // Threads that live as long as the process and wait for work, so a call costs a wake-up, not a
 // thread start. One call runs at a time; a call made while another runs (a nested call, or one
@@ -120,16 +123,17 @@ void set_num_threads(int n) {
 
 void parallel_for(std::int64_t n, std::int64_t grain,
                   const std::function<void(std::int64_t, std::int64_t)>& fn) {
-    const std::int64_t most = n / std::max<std::int64_t>(grain, 1); // chunks of >= grain
-    const std::int64_t threads = std::min<std::int64_t>(num_threads(), most);
-    if (threads <= 1) {
-        if (n > 0) fn(0, n);
+    if (n <= 0) return;
+    // Chunks of >= grain indices, their boundaries a function of n and grain alone.
+    const std::int64_t most = std::max<std::int64_t>(1, n / std::max<std::int64_t>(grain, 1));
+    const std::int64_t chunks = std::min(most, max_chunks);
+    auto chunk = [&](std::int64_t c) { fn(n * c / chunks, n * (c + 1) / chunks); };
+    const std::int64_t threads = std::min<std::int64_t>(num_threads(), chunks);
+    if (threads <= 1) { // the same chunks, in order, on this thread
+        for (std::int64_t c = 0; c < chunks; ++c) chunk(c);
         return;
     }
-    // The chunk boundaries depend on n, grain and the thread count alone.
-    const std::int64_t chunks = std::min(most, threads * chunks_per_thread);
-    pool().run(int(threads - 1), chunks,
-               [&](std::int64_t c) { fn(n * c / chunks, n * (c + 1) / chunks); });
+    pool().run(int(threads - 1), chunks, chunk);
 }
 
 } // namespace rag

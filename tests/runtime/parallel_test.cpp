@@ -1,5 +1,5 @@
 // parallel_for: every index exactly once in chunks of at least `grain`, the same chunks for a
-// given (n, grain, threads), exceptions reach the caller, and calls nested inside a chunk or
+// given (n, grain) whatever the thread count, exceptions reach the caller, and calls nested inside a chunk or
 // made from several threads at once complete.
 #include "runtime/parallel.hpp"
 
@@ -49,6 +49,23 @@ TEST(ParallelFor, CoversEveryIndexOnceInChunksOfAtLeastTheGrain) {
                 // Deterministic boundaries: a second call makes the same chunks.
                 EXPECT_EQ(chunks_of(n, grain), chunks_of(n, grain));
             }
+}
+
+TEST(ParallelFor, ChunksDoNotDependOnTheThreadCount) {
+    // A kernel whose result depends on where a chunk ends (a vector body and a scalar tail)
+    // computes the same bits under any RAG_NUM_THREADS only if the chunks are the same.
+    for (std::int64_t n : {1, 7, 64, 1000, 100003})
+        for (std::int64_t grain : {1, 3, 1000}) {
+            std::set<std::pair<std::int64_t, std::int64_t>> one;
+            {
+                Threads t(1);
+                one = chunks_of(n, grain);
+            }
+            for (int threads : {2, 3, 5}) {
+                Threads t(threads);
+                EXPECT_EQ(chunks_of(n, grain), one) << n << " " << grain << " " << threads;
+            }
+        }
 }
 
 TEST(ParallelFor, UnevenWorkIsSharedByTheThreads) {

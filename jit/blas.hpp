@@ -1,0 +1,22 @@
+// Every BLAS GEMM of the CPU tier goes through here. rag owns the threads: OpenBLAS is pinned to
+// one thread and a large GEMM is split over rag's pool into blocks of output rows (or columns),
+// never along the inner dimension, at places that depend on the matrix sizes alone. Each output
+// element's sum is then computed by one single-threaded BLAS call whatever RAG_NUM_THREADS or
+// OPENBLAS_NUM_THREADS say, so results are bitwise the same under any thread count.
+#pragma once
+#include <cblas.h>
+
+namespace rag::jit {
+
+// C = alpha op(A) op(B) (beta = 0) in `order`, as cblas_sgemm/cblas_dgemm take them; nothing
+// when a dimension is 0. Called from inside a parallel_for chunk it runs the same blocks on that
+// thread.
+void gemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+          float alpha, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
+void gemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+          double alpha, const double* a, int lda, const double* b, int ldb, double* c, int ldc);
+
+// Pins OpenBLAS to one thread (once per process); for BLAS calls made outside gemm().
+void own_blas_threads();
+
+} // namespace rag::jit
