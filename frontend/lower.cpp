@@ -316,7 +316,7 @@ VType record_type_at(const Program& prog, std::string_view name, int depth, std:
         return v;
     }
     const ast::ParamsDecl* p = prog.find_params(name);
-    if (!p) fail("unknown type '", name, "'");
+    if (!p) fail("no params group named '", name, "'");
     for (const auto& f : p->fields) {
         if (auto r = prog.record_name(f.type)) {
             v.fields.push_back({f.name, record_type_at(prog, *r, depth + 1, tensors)});

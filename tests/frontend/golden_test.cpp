@@ -62,7 +62,8 @@ TEST(Golden, ExampleIr) {
                                                          {"single_pair_single", "block_rect"},
                                                          {"single_pair_single", "block_nonleading"},
                                                          {"encoder", "encoder"},
-                                                         {"encoder", "train_step"}};
+                                                         {"encoder", "train_step"},
+                                                         {"gpt", "loss"}};
     for (auto [file, fn] : cases) {
         auto m = Module::load((root / "examples" / (std::string(file) + ".rag")).string());
         expect_golden(root / "tests/golden/ir" / (std::string(file) + "." + fn + ".ir"), m->ir(fn));

@@ -90,7 +90,7 @@ def test_check_good_and_bad_files():
     assert rc == 1 and not out
     assert re.search(r"broken\.rag:\d+:\d+: error: ", err) and "^" in err
     rc, out, err = run("check", "no/such/file.rag")
-    assert rc == 1 and err == "rag: error: cannot open no/such/file.rag\n"
+    assert rc == 1 and err == "rag: error: no file no/such/file.rag\n"
 
 
 def test_run_good_and_bad():

@@ -24,6 +24,9 @@ LENGTHS = {
     "encoder.rag": [150, 200, 137, 180],
     "relpos_encoder.rag": [40, 63, 51, 17, 60, 44, 58, 33, 62, 49],
     "single_pair_single.rag": [23, 31, 17],
+    "bert.rag": [150, 200, 137, 180],
+    "gpt.rag": [150, 200, 137, 180],
+    "seq2seq.rag": [150, 200, 137, 180],
 }
 
 
@@ -57,6 +60,13 @@ def run_child():
                     n = lengths if a == "x" else [max(1, k // 2) for k in lengths]
                     args.append(rag.ragged([rng.standard_normal((k, width)).astype(np.float32)
                                             for k in n]))
+                elif t.startswith("i32[B"):  # token ids; a second sequence is half as long
+                    n = lengths if a in ("ids", "src") else [max(2, k // 2) for k in lengths]
+                    args.append(rag.ragged([rng.integers(0, 4000, k).astype(np.int32) for k in n],
+                                           ragged_axes="~N"))
+                elif t == "i64[B]":  # one label per sample
+                    args.append(rag.tensor(rng.integers(0, 2, len(lengths)).astype(np.int64),
+                                           batched=True))
                 elif t.startswith("i64[B"):
                     args.append(rag.ragged([rng.integers(0, 2, k).astype(np.int64)
                                             for k in lengths]))
@@ -83,7 +93,7 @@ def child(rag_threads, blas_threads):
 
 def test_every_example_gradient_is_bitwise_equal_across_thread_counts():
     base = child(1, 1)
-    assert len(base) == 6  # every loss of every example ran
+    assert len(base) == 10  # every loss of every example ran
     for rag_threads, blas_threads in [(2, 1), (3, 1), (1, 2), (3, 2)]:
         got = child(rag_threads, blas_threads)
         differ = [f"{fn}.{k}" for fn in base for k in base[fn] if got[fn][k] != base[fn][k]]
