@@ -15,6 +15,13 @@ struct DimExpr {
     enum class Kind { fixed, symbolic, ragged } kind = Kind::fixed;
     std::int64_t extent = 0; // fixed
     std::string name;        // symbolic, ragged (without the ~)
+    // `~N[1:]`: the axis slicing ~N makes, as written; the loader folds them into `name` with
+    // the canonical derived name (frontend/lower.cpp).
+    struct Slice {
+        std::optional<std::int64_t> lo, hi;
+        std::int64_t step = 1;
+    };
+    std::vector<Slice> slices;
     Span span;
 };
 

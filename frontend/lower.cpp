@@ -4,6 +4,7 @@
 #include "frontend/parser.hpp"
 #include "frontend/validate.hpp"
 #include "ir/autodiff.hpp"
+#include "ir/ops/index_plan.hpp"
 #include "runtime/error.hpp"
 
 #include <charconv>
@@ -390,11 +391,34 @@ std::vector<Program::Leaf> Program::record_leaves(std::string_view name) const {
 
 namespace {
 
+// `~N[:-1]` in a type names the axis index's type rule makes: the canonical derived name.
+void fold_slices(ast::TypeExpr& t, const SourceFile* src, Diagnostics& diags) {
+    for (auto& e : t.elems) fold_slices(e, src, diags);
+    for (auto& d : t.dims) {
+        for (const auto& sl : d.slices) {
+            if (sl.step < 1) {
+                diags.error(
+                    d.span,
+                    "a slice step must be a positive integer, got " + std::to_string(sl.step), src);
+                break;
+            }
+            d.name = derived_axis_name(d.name, AxisSelect{true, sl.lo, sl.hi, sl.step, 0});
+        }
+        d.slices.clear();
+    }
+}
+
 void load_unit(Program& prog, std::shared_ptr<SourceFile> src, Diagnostics& diags, int depth) {
     for (const auto& u : prog.units)
         if (u.src->path() == src->path()) return; // imported twice (or a cycle)
     Diagnostics local(*src);
     ast::Module m = parse(*src, local);
+    for (auto& p : m.params)
+        for (auto& f : p.fields) fold_slices(f.type, src.get(), local);
+    for (auto& f : m.fns) {
+        for (auto& p : f.params) fold_slices(p.type, src.get(), local);
+        if (f.result) fold_slices(*f.result, src.get(), local);
+    }
     for (const auto& d : local.items()) diags.error(d.span, d.message, src.get());
     prog.units.push_back({src, m});
     namespace fs = std::filesystem;

@@ -546,6 +546,13 @@ auto const member_suffix_def =
                                [](Name& m, std::string& s) { m.name = std::move(s); })]];
 
 // Types: `f32[B, ~N, 384]`, `T[...]`, `PairBlock`, `(f32[], PairBlock)`; `(T)` is T.
+// `~N[1:]`: the axis a slice of ~N makes, named as index's type rule names it (one canonical
+// name per length rule, so `~N[:-1]` is `~N[1:]`).
+using DimSlice = ast::DimExpr::Slice;
+auto const axis_slice = x3::rule<struct axis_slice_id, DimSlice>{"a slice"} =
+    -sint_[act([](DimSlice& s, std::int64_t v) { s.lo = v; })] >> x3::lit(':') >>
+    -sint_[act([](DimSlice& s, std::int64_t v) { s.hi = v; })] >>
+    -(x3::lit(':') >> sint_[act([](DimSlice& s, std::int64_t v) { s.step = v; })]);
 using Dim = ast::DimExpr::Kind;
 using Type = ast::TypeExpr::Kind;
 auto const dim_def =
@@ -553,7 +560,10 @@ auto const dim_def =
             (x3::lit('~') >
              named<std::string>("a name after '~'", ident)[act([](ast::DimExpr& d, std::string& s) {
                  d.kind = Dim::ragged, d.name = std::move(s);
-             })]) |
+             })] >>
+             *(x3::lit('[') > named<DimSlice>("a slice such as 1: or :-1", axis_slice)[act(
+                                  [](ast::DimExpr& d, DimSlice& s) { d.slices.push_back(s); })] >
+               named("']' to close the slice", ']'))) |
             ident[act([](ast::DimExpr& d, std::string& s) {
                 d.kind = Dim::symbolic, d.name = std::move(s);
             })]];

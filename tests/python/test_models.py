@@ -204,3 +204,54 @@ def test_nested_calls_inline_once_per_distinct_arguments():
     x = batch([2, 1], 2, seed=0)
     np.testing.assert_allclose(np.concatenate(m.f5(x).to_list()),
                                np.concatenate(x.to_list()) * 2 * 2**5, rtol=1e-6)
+
+
+TOKENS = """
+fn embed(ids: i32[B, ~N], tok: f32[10, 3], pos: f32[8, 3]) -> f32[B, ~N, 3] {
+    return tok[ids] + pos[positions(ids, axis=1)]
+}
+fn shifted(x: f32[B, ~N, 3]) -> f32[B, ~N[1:], 3] { return x[:, 1:] - x[:, :-1] }
+fn every_other(x: f32[B, ~N, 3]) -> f32[B, ~N[::2], 3] { return x[:, ::2] }
+fn relu_where(x: f32[B, ~N, 3]) -> f32[B, ~N, 3] { return where(x > 0.0, x, 0.0) }
+fn casts(ids: i32[B, ~N]) -> (f32[B, ~N], i64[B, ~N]) { return (f32(ids) * 0.5, i64(ids)) }
+fn table_grad(ids: i32[B, ~N], tok: f32[10, 3]) -> f32[10, 3] {
+    return grad(gathered, wrt=tok)(ids, tok)
+}
+fn gathered(ids: i32[B, ~N], tok: f32[10, 3]) -> f32[] { return sum(tok[ids] * tok[ids]) }
+"""
+
+
+def test_token_ids_positions_slices_and_casts_match_numpy():
+    m = rag.compile(TOKENS, "tokens.rag")
+    rng = np.random.default_rng(0)
+    lengths = [3, 0, 7, 1]
+    ids = [rng.integers(0, 10, n).astype(np.int32) for n in lengths]
+    tok = rng.standard_normal((10, 3)).astype(np.float32)
+    pos = rng.standard_normal((8, 3)).astype(np.float32)
+    r_ids = rag.ragged(ids, ragged_axes="~N")
+    for got, i in zip(m.embed(r_ids, tok, pos).to_list(), ids):
+        np.testing.assert_allclose(got, tok[i] + pos[: len(i)], rtol=1e-6)
+    xs = [rng.standard_normal((n, 3)).astype(np.float32) for n in lengths]
+    x = rag.ragged(xs)
+    for got, a in zip(m.shifted(x).to_list(), xs):
+        np.testing.assert_array_equal(np.asarray(got).reshape(-1, 3), a[1:] - a[:-1])
+    for got, a in zip(m.every_other(x).to_list(), xs):
+        np.testing.assert_array_equal(np.asarray(got).reshape(-1, 3), a[::2])
+    for got, a in zip(m.relu_where(x).to_list(), xs):
+        np.testing.assert_array_equal(got, np.maximum(a, 0))
+    halves, wide = m.casts(r_ids)
+    for h, w, i in zip(halves.to_list(), wide.to_list(), ids):
+        np.testing.assert_array_equal(h, i.astype(np.float32) * 0.5)
+        assert np.asarray(w).dtype == np.int64 and np.array_equal(w, i)
+    want = np.zeros((10, 3))
+    for i in ids:
+        np.add.at(want, i, 2 * tok[i].astype(np.float64))
+    np.testing.assert_allclose(np.asarray(m.table_grad(r_ids, tok)), want, rtol=1e-6)
+
+
+def test_out_of_range_ids_name_sample_position_id_and_v():
+    m = rag.compile(TOKENS, "tokens.rag")
+    ids = rag.ragged([np.array([1, 2], np.int32), np.array([3, 12, 0], np.int32)],
+                     ragged_axes="~N")
+    with pytest.raises(rag.Error, match=r"sample 1.*id 12.*V = 10"):
+        m.embed(ids, np.zeros((10, 3), np.float32), np.zeros((8, 3), np.float32))
