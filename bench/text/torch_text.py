@@ -183,5 +183,7 @@ for is_fwd, step in ((True, fwd), (False, train)):
         r = timing.measure(step, a.calls, a.budget)
     except Exception as e:  # not expressible: record why
         msg = str(e).splitlines()[0][:200] if str(e) else ""
+        if causal and "No viable backend" in msg:  # what torch logs as the reason
+            msg += " (torch: jagged SDPA has no CPU kernel with is_causal=True)"
         r = {"error": f"{type(e).__name__}: {msg}"}
     print(json.dumps(dict(base, fwd=is_fwd, **r)), flush=True)

@@ -1,0 +1,75 @@
+"""bench/results/text.jsonl -> text.md: python3 report.py JSONL MD (numpy-free)."""
+import json
+import sys
+
+SYSTEMS = ["rag-ragged", "rag-padded", "torch-padded", "torch-nested", "danling-nt"]
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+meta = {}
+for r in rows:
+    if r.get("meta"):
+        meta.update(r)
+cells = {(r["model"], r["profile"], r.get("fwd"), r["system"]): r
+         for r in rows if "system" in r and "model" in r}
+micro = [r for r in rows if "bench" in r]
+
+
+def ratio(peer, own):
+    """peer ms / rag ragged ms: > 1 means rag ragged is faster; within 5% is a tie."""
+    if not peer or not own or "ms_step" not in peer or "ms_step" not in own:
+        return "—"
+    q = peer["ms_step"] / own["ms_step"]
+    return f"{q:.2f}" + (" (tie)" if abs(q - 1) <= 0.05 else "")
+
+
+out = ["# Text models: rag ragged vs padded and the peers (issue 14)", ""]
+out.append(f"Commit `{meta.get('commit', '?')}`" + (" **DIRTY TREE**" if meta.get("dirty") else
+                                                   " (clean tree)") +
+           f", {meta.get('date', '?')}, {meta.get('threads')} threads, CPU {meta.get('cpu')}, "
+           f"torch {meta.get('torch')}. Load average at start {meta.get('loadavg_start')}, at "
+           f"end {meta.get('loadavg_end')} (the 2 cores are shared with other agents' builds: "
+           "timings are noisy). Command: `bench/text/run.sh`.")
+out += ["", f"Each cell: a warm-up call (it compiles), then up to {meta.get('calls')} timed "
+        f"calls, stopping once {meta.get('budget_s')} s are spent but never under 3; ms = "
+        "median of the timed calls (`timed_calls` in the jsonl). B = 64; rho = sum(N) / "
+        "(B max N), the occupancy of the padded envelope.", ""]
+out += ["## Ratios: each system's ms / rag ragged's ms (> 1: rag ragged faster)", "",
+        "| model | profile | rho | step | rag ms | " + " | ".join(SYSTEMS[1:]) + " |",
+        "|---|---|---|---|---|" + "---|" * (len(SYSTEMS) - 1)]
+keys = sorted({k[:3] for k in cells}, key=lambda k: (k[0], k[1] != "random", not k[2]))
+for model, prof, fwd in keys:
+    own = cells.get((model, prof, fwd, "rag-ragged"))
+    rho = next((c["rho"] for k, c in cells.items() if k[:2] == (model, prof) and "rho" in c), 0)
+    step = "forward" if fwd else "train step"
+    ms = own.get("ms_step", "—") if own else "—"
+    out.append(f"| {model} | {prof} | {rho:.2f} | {step} | {ms} | " +
+               " | ".join(ratio(cells.get((model, prof, fwd, s)), own) for s in SYSTEMS[1:]) +
+               " |")
+out += ["", "## Every cell", "",
+        "| model | profile | step | system | ms/step | least | calls | first call s | "
+        "peak RSS MB | loss0 |", "|---|---|---|---|---|---|---|---|---|---|"]
+for model, prof, fwd in keys:
+    for s in SYSTEMS:
+        c = cells.get((model, prof, fwd, s))
+        if c is None:
+            c = cells.get((model, prof, None, s), {"error": "no output"})
+        step = "forward" if fwd else "train step"
+        if "error" in c:
+            out.append(f"| {model} | {prof} | {step} | {s} | {c['error']} | | | | | |")
+            continue
+        out.append(f"| {model} | {prof} | {step} | {s} | {c['ms_step']} | {c['ms_min']} | "
+                   f"{c['timed_calls']} | {c['first_call_s']} | "
+                   f"{c['peak_rss_bytes'] / 2**20:.0f} | {c['loss0']:.7f} |")
+out += ["", "## Microbenchmarks", ""]
+for r in micro:
+    if r.get("bench") == "embedding":
+        out.append(f"- Embedding, forward + backward of `sum(tok[ids])`, V = {r['V']}, C = "
+                   f"{r['C']}, {r['tokens']} tokens: {r['ms']} ms; copying the gathered rows "
+                   f"and the table gradient: {r['copy_ms']} ms; ratio {r['ratio']} (target <= 2).")
+    elif r.get("bench") == "adam":
+        out.append(f"- AdamW over BERT-Small's {r['params']} params: {r['ms']} ms, {r['gbps']} "
+                   f"GB/s (7 x 4P bytes); copying p, g, m, v: {r['copy_ms']} ms, "
+                   f"{r['copy_gbps']} GB/s; time ratio {r['ratio']} (1 = one copy's time).")
+    else:
+        out.append(f"- {r}")
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
