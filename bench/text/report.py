@@ -8,16 +8,20 @@ meta = {}
 for r in rows:
     if r.get("meta"):
         meta.update(r)
-cells = {(r["model"], r["profile"], r.get("fwd"), r["system"]): r
-         for r in rows if "system" in r and "model" in r}
+cells = {}
+for r in rows:  # an error line without "fwd" (the process failed) stands for both steps
+    if "system" in r and "model" in r:
+        for fwd in ([r["fwd"]] if "fwd" in r else [True, False]):
+            cells[(r["model"], r["profile"], fwd, r["system"])] = dict(r, fwd=fwd)
 micro = [r for r in rows if "bench" in r]
 
 
-def ratio(peer, own):
-    """peer ms / rag ragged ms: > 1 means rag ragged is faster; within 5% is a tie."""
-    if not peer or not own or "ms_step" not in peer or "ms_step" not in own:
+def ratio(peer, own, key="ms_min"):
+    """peer ms / rag ragged ms (of the least calls, as bench/README.md's tables: the machine
+    is shared): > 1 means rag ragged is faster; within 5% is a tie."""
+    if not peer or not own or key not in peer or key not in own:
         return "—"
-    q = peer["ms_step"] / own["ms_step"]
+    q = peer[key] / own[key]
     return f"{q:.2f}" + (" (tie)" if abs(q - 1) <= 0.05 else "")
 
 
@@ -32,28 +36,29 @@ out += ["", f"Each cell: a warm-up call (it compiles), then up to {meta.get('cal
         f"calls, stopping once {meta.get('budget_s')} s are spent but never under 3; ms = "
         "median of the timed calls (`timed_calls` in the jsonl). B = 64; rho = sum(N) / "
         "(B max N), the occupancy of the padded envelope.", ""]
-out += ["## Ratios: each system's ms / rag ragged's ms (> 1: rag ragged faster)", "",
-        "| model | profile | rho | step | rag ms | " + " | ".join(SYSTEMS[1:]) + " |",
+out += ["## Ratios: each system's least ms / rag ragged's least ms (> 1: rag ragged faster; "
+        "in brackets the same ratio of the medians)", "",
+        "| model | profile | rho | step | rag ms (least, median) | " + " | ".join(SYSTEMS[1:]) + " |",
         "|---|---|---|---|---|" + "---|" * (len(SYSTEMS) - 1)]
 keys = sorted({k[:3] for k in cells}, key=lambda k: (k[0], k[1] != "random", not k[2]))
 for model, prof, fwd in keys:
     own = cells.get((model, prof, fwd, "rag-ragged"))
     rho = next((c["rho"] for k, c in cells.items() if k[:2] == (model, prof) and "rho" in c), 0)
     step = "forward" if fwd else "train step"
-    ms = own.get("ms_step", "—") if own else "—"
+    ms = f"{own['ms_min']:.0f}, {own['ms_step']:.0f}" if own and "ms_min" in own else "—"
+    both = lambda c: ratio(c, own) if ratio(c, own) == "—" else (  # noqa: E731
+        f"{ratio(c, own)} [{ratio(c, own, 'ms_step')}]")
     out.append(f"| {model} | {prof} | {rho:.2f} | {step} | {ms} | " +
-               " | ".join(ratio(cells.get((model, prof, fwd, s)), own) for s in SYSTEMS[1:]) +
-               " |")
+               " | ".join(both(cells.get((model, prof, fwd, s))) for s in SYSTEMS[1:]) + " |")
 out += ["", "## Every cell", "",
         "| model | profile | step | system | ms/step | least | calls | first call s | "
         "peak RSS MB | loss0 |", "|---|---|---|---|---|---|---|---|---|---|"]
 for model, prof, fwd in keys:
     for s in SYSTEMS:
-        c = cells.get((model, prof, fwd, s))
-        if c is None:
-            c = cells.get((model, prof, None, s), {"error": "no output"})
+        c = cells.get((model, prof, fwd, s), {"error": "no output"})
         step = "forward" if fwd else "train step"
         if "error" in c:
+            c["error"] = c["error"].replace("|", "/")[:140]
             out.append(f"| {model} | {prof} | {step} | {s} | {c['error']} | | | | | |")
             continue
         out.append(f"| {model} | {prof} | {step} | {s} | {c['ms_step']} | {c['ms_min']} | "
