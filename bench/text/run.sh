@@ -6,13 +6,17 @@
 # NestedTensor, each in its own process on the same batch and rag's initial params; then the
 # embedding and Adam microbenchmarks. Writes bench/results/text.{jsonl,md}.
 #   bench/text/run.sh                 (after building bindings; ./dev bench-deps once)
-#   MODELS="bert gpt bert_small" CALLS=5 BUDGET=60 THREADS=2 bench/text/run.sh
+#   MODELS="bert gpt bert_small" PROFILES="random bucketed" PEERS="torch-padded ..." MICRO=1
+#   CALLS=5 BUDGET=60 THREADS=2 NAME=text bench/text/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 THREADS=${THREADS:-2}
 CALLS=${CALLS:-5}
 BUDGET=${BUDGET:-60}
 MODELS=${MODELS:-bert gpt}
+PROFILES=${PROFILES:-random bucketed}
+PEERS=${PEERS:-torch-padded torch-nested danling-nt}
+NAME=${NAME:-text}   # results: $OUT/$NAME.{jsonl,md}
 BUILD=${RAG_BUILD:-build}
 PY=${BENCH_PYTHON:-$(./dev bench-python)}
 OUT=${OUT:-bench/results}
@@ -22,7 +26,7 @@ export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$T
 export RAG_NUM_THREADS=$THREADS PYTHONPATH=$BUILD/bindings
 DIRTY=$(git status --porcelain)
 [ -n "$DIRTY" ] && echo "run.sh: WARNING: the tree is dirty; the results will say so" >&2
-JSONL=$OUT/text.jsonl
+JSONL=$OUT/$NAME.jsonl
 { printf '{"meta": true, "commit": "%s", "dirty": %s, "date": "%s", "threads": %s, ' \
     "$(git rev-parse HEAD)" "$([ -n "$DIRTY" ] && echo true || echo false)" "$(date -u +%FT%TZ)" "$THREADS"
   printf '"loadavg_start": "%s", "calls": %s, "budget_s": %s, "cpu": "%s", "torch": "%s"}\n' \
@@ -38,7 +42,7 @@ cell() { # LABEL COMMAND...: its JSON lines into $JSONL, or one error line with 
 }
 common="--calls $CALLS --budget $BUDGET --threads $THREADS"
 for model in $MODELS; do
-  for profile in random bucketed; do
+  for profile in $PROFILES; do
     echo "== $model $profile" >&2
     base="\"model\": \"$model\", \"profile\": \"$profile\""
     dump=$TMP/$model-$profile.npz
@@ -46,12 +50,12 @@ for model in $MODELS; do
       $common --dump "$dump"
     cell "$base, \"system\": \"rag-padded\"" python3 bench/text/rag_text.py "$model" "$profile" \
       $common --padded
-    for peer in torch-padded torch-nested danling-nt; do
+    for peer in $PEERS; do
       cell "$base, \"system\": \"$peer\"" "$PY" bench/text/torch_text.py "$peer" "$dump" \
         "$model" "$profile" $common
     done
   done
 done
-cell '"bench": "micro"' python3 bench/text/micro.py --threads "$THREADS" --calls "$CALLS"
+[ "${MICRO:-1}" = 1 ] && cell '"bench": "micro"' python3 bench/text/micro.py --threads "$THREADS" --calls "$CALLS"
 printf '{"meta": true, "loadavg_end": "%s"}\n' "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$JSONL"
-python3 bench/text/report.py "$JSONL" "$OUT/text.md"
+python3 bench/text/report.py "$JSONL" "$OUT/$NAME.md"
