@@ -1,0 +1,37 @@
+"""Timing and peak memory shared by every system's process (numpy only): a warm-up call (it
+also compiles), then up to `calls` timed calls, stopping early (never under 3) once `budget_s`
+of timed calls are spent, as a padded CPU step can take minutes; the JSON records how many."""
+import time
+
+import numpy as np
+
+
+def status_kb(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    return -1
+
+
+def reset_hwm():  # VmHWM := current RSS
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def measure(step, calls, budget_s):
+    """step() -> loss. Returns a dict: first call s, median and least ms of the timed calls,
+    their count, loss0 (the warm-up's), growth of peak RSS over the timed calls."""
+    t = time.perf_counter()
+    loss0 = float(step())
+    first = time.perf_counter() - t
+    rss0 = status_kb("VmRSS:")
+    reset_hwm()
+    ms = []
+    while len(ms) < calls and (len(ms) < 3 or sum(ms) < 1e3 * budget_s):
+        t = time.perf_counter()
+        step()
+        ms.append(1e3 * (time.perf_counter() - t))
+    return {"ms_step": round(float(np.median(ms)), 2), "ms_min": round(min(ms), 2),
+            "timed_calls": len(ms), "first_call_s": round(first, 3), "loss0": loss0,
+            "peak_rss_bytes": (status_kb("VmHWM:") - rss0) * 1024}
