@@ -3,6 +3,7 @@
 #include "dsl/ptx_listing.hpp"
 #include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
+#include "jit/blas.hpp"
 #include "jit/compile_clock.hpp"
 #include "jit/object_cache.hpp"
 #include "jit/plan.hpp"
@@ -282,8 +283,8 @@ int cmd_run(const std::string& path, const Options& o) {
                 !t.schema.shape.axes.empty())
                 usage_fail("--set ", name, ": ", o.fn, "'s ", name, " is ", t.str(),
                            ", not a scalar");
-            args.push_back(RaggedTensor::dense(
-                DenseArray::from_f64(t.schema.dtype, {}, {o.set.at(name)})));
+            args.push_back(
+                RaggedTensor::dense(DenseArray::from_f64(t.schema.dtype, {}, {o.set.at(name)})));
         } else if (t.kind == frontend::VType::Kind::record) {
             args.push_back(initial_params(*m, t.record, o, n_params++));
         } else if (t.kind == frontend::VType::Kind::tensor) {
@@ -341,6 +342,7 @@ int cmd_run(const std::string& path, const Options& o) {
                         st.disk_cache_hits);
             std::printf("%s\n", where.c_str());
         }
+    if (o.stats) std::printf("stats blas kernels: %s\n", jit::blas_core());
     if (o.stats) { // process-wide, every thread: where the compile time went
         std::printf("stats compile breakdown (s): %s\n",
                     jit::format_breakdown(jit::compile_breakdown()).c_str());

@@ -16,6 +16,10 @@ void gemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int 
 void gemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
           double alpha, const double* a, int lda, const double* b, int ldb, double* c, int ldc);
 
+// The kernel set OpenBLAS runs ("SkylakeX", "Haswell", ...): on a CPU its detection does not
+// know, rag selects the best set the CPU supports at load time (jit/blas.cpp).
+const char* blas_core();
+
 // Pins OpenBLAS to one thread (once per process); for BLAS calls made outside gemm().
 void own_blas_threads();
 

@@ -3,6 +3,7 @@
 #include "dsl/module.hpp"
 #include "frontend/lower.hpp"
 #include "ir/interpreter.hpp"
+#include "jit/blas.hpp"
 #include "jit/cpu_jit.hpp"
 #include "tests/jit/tiers.hpp"
 #include "tests/support/testing.hpp"
@@ -19,6 +20,17 @@ const fs::path root = RAG_SOURCE_DIR;
 
 Schema ragged(DType t, std::string_view axes) {
     return {t, Shape{true, parse_axes(axes)}};
+}
+
+// OpenBLAS's generic kernels are several times slower; rag must not run them on a CPU that
+// has AVX2 (jit/blas.cpp chooses a kernel set where OpenBLAS's detection does not know the CPU).
+TEST(Blas, RunsKernelsForThisCpuNotGenericOnes) {
+    const std::string core = jit::blas_core();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        GTEST_SKIP() << "no AVX2: OpenBLAS's " << core << " kernels are what this CPU runs";
+    for (const char* generic :
+         {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Sandybridge"})
+        EXPECT_NE(core, generic) << "OpenBLAS runs its generic " << core << " kernels";
 }
 
 TEST(CpuJit, EveryFusedOpAgreesWithTheInterpreter) {
