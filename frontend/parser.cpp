@@ -557,10 +557,12 @@ using Dim = ast::DimExpr::Kind;
 using Type = ast::TypeExpr::Kind;
 auto const dim_def =
     spanned[uint_[act([](ast::DimExpr& d, std::int64_t v) { d.kind = Dim::fixed, d.extent = v; })] |
-            (x3::lit('~') >
-             named<std::string>("a name after '~'", ident)[act([](ast::DimExpr& d, std::string& s) {
-                 d.kind = Dim::ragged, d.name = std::move(s);
-             })] >>
+            // `>>` binds tighter than `>`: the parentheses keep the expectation on the name
+            // alone, so its failure names it rather than an unnamed sequence.
+            ((x3::lit('~') > named<std::string>("a name after '~'",
+                                                ident)[act([](ast::DimExpr& d, std::string& s) {
+                  d.kind = Dim::ragged, d.name = std::move(s);
+              })]) >>
              *(x3::lit('[') > named<DimSlice>("a slice such as 1: or :-1", axis_slice)[act(
                                   [](ast::DimExpr& d, DimSlice& s) { d.slices.push_back(s); })] >
                named("']' to close the slice", ']'))) |
