@@ -333,6 +333,108 @@ struct PyFunction {
     std::string name;
 };
 
+// ---- reverse mode (Function.vjp, Function.call_saving) ---------------------------------------
+
+// What a call_saving keeps for its backward: the module stays alive with it.
+struct PySaved {
+    PyModulePtr mod;
+    std::shared_ptr<const Module::Saved> saved;
+    std::string name;
+};
+
+// A cotangent from Python: None (zero), a rag.Tensor, a rag.Params, an array or a number (an
+// unbatched tensor), or a tuple of these.
+std::optional<Value> cotangent_value(py::handle obj) {
+    if (obj.is_none()) return std::nullopt;
+    if (py::isinstance<RaggedTensor>(obj)) return Value(obj.cast<RaggedTensor>());
+    if (py::isinstance<Params>(obj)) return obj.cast<const Params&>().value();
+    if (py::isinstance<py::tuple>(obj) || py::isinstance<py::list>(obj)) {
+        std::vector<Value> elems;
+        for (py::handle e : obj) {
+            auto v = cotangent_value(e);
+            if (!v) fail("vjp: None is allowed for a whole result element, not inside one");
+            elems.push_back(*v);
+        }
+        return Value::tuple(std::move(elems));
+    }
+    py::array a = py::array::ensure(obj);
+    if (!a)
+        fail("vjp: a cotangent must be a rag.Tensor, rag.Params, array, number or None; got ",
+             type_name(obj));
+    return Value(tensor_from_array(a, infer_dtype(a), false, "same_kind"));
+}
+
+// One cotangent per element of the result: a tuple result takes a tuple (or list) of them.
+std::vector<std::optional<Value>> cotangent_list(py::handle obj, bool tuple_result) {
+    std::vector<std::optional<Value>> out;
+    if (!tuple_result) {
+        out.push_back(cotangent_value(obj));
+        return out;
+    }
+    if (!py::isinstance<py::tuple>(obj) && !py::isinstance<py::list>(obj))
+        fail("vjp: the function returns a tuple; give one cotangent per element, as a tuple");
+    for (py::handle e : obj) out.push_back(cotangent_value(e));
+    return out;
+}
+
+py::tuple gradients(const std::vector<std::optional<Value>>& grads) {
+    py::tuple out(grads.size());
+    for (std::size_t k = 0; k < grads.size(); ++k)
+        out[k] = grads[k] ? from_value(*grads[k]) : py::none();
+    return out;
+}
+
+py::tuple vjp_of(PyModule& m, const std::string& name, py::args args, py::kwargs kwargs) {
+    py::object cts;
+    if (kwargs.contains("cotangents")) {
+        cts = kwargs["cotangents"];
+        kwargs.attr("pop")("cotangents");
+    } else if (!args.empty()) {
+        cts = args[args.size() - 1];
+        args = py::reinterpret_steal<py::args>(
+            PyTuple_GetSlice(args.ptr(), 0, Py_ssize_t(args.size()) - 1));
+    } else {
+        throw py::type_error(name + ".vjp(*args, cotangents) needs the cotangents");
+    }
+    const ast::FnDecl& fn = find_fn(m, name);
+    std::vector<Value> vals = bind_args(m, fn, args, kwargs);
+    const bool tuple_result = fn.result && fn.result->kind == ast::TypeExpr::Kind::tuple;
+    auto ct = cotangent_list(cts, tuple_result);
+    std::vector<std::optional<Value>> grads;
+    {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(m.mu);
+        grads = m.mod->vjp(name, vals, ct);
+    }
+    return gradients(grads);
+}
+
+py::tuple call_saving(const PyModulePtr& m, const std::string& name, const py::args& args,
+                      const py::kwargs& kwargs) {
+    const ast::FnDecl& fn = find_fn(*m, name);
+    std::vector<Value> vals = bind_args(*m, fn, args, kwargs);
+    std::pair<Value, std::shared_ptr<const Module::Saved>> r;
+    {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(m->mu);
+        r = m->mod->call_saving(name, vals);
+    }
+    return py::make_tuple(from_value(r.first), PySaved{m, std::move(r.second), name});
+}
+
+py::tuple saved_backward(PySaved& s, py::handle cotangents) {
+    const ast::FnDecl& fn = find_fn(*s.mod, s.name);
+    const bool tuple_result = fn.result && fn.result->kind == ast::TypeExpr::Kind::tuple;
+    auto ct = cotangent_list(cotangents, tuple_result);
+    std::vector<std::optional<Value>> grads;
+    {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(s.mod->mu);
+        grads = s.mod->mod->backward(*s.saved, ct);
+    }
+    return gradients(grads);
+}
+
 Tier tier_arg(const std::string& name) {
     if (name == "jit") return Tier::jit;
     if (name == "interpreter") return Tier::interpreter;
@@ -807,6 +909,23 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
         .def("__call__", [](PyFunction& f, py::args args,
                             py::kwargs kwargs) { return call(*f.mod, f.name, args, kwargs); })
         .def_readonly("name", &PyFunction::name)
+        .def(
+            "vjp",
+            [](PyFunction& f, py::args args, py::kwargs kwargs) {
+                return vjp_of(*f.mod, f.name, std::move(args), std::move(kwargs));
+            },
+            "vjp(*args, cotangents): the gradient of sum_k <result_k, cotangents_k> for every "
+            "argument, from rag's autodiff: a tuple with one entry per argument (a rag.Tensor, "
+            "array or rag.Params like it; None for an argument without float tensors). A tuple "
+            "result takes a tuple of cotangents; None is a zero cotangent.")
+        .def(
+            "call_saving",
+            [](PyFunction& f, py::args args, py::kwargs kwargs) {
+                return call_saving(f.mod, f.name, args, kwargs);
+            },
+            "call_saving(*args) -> (result, saved): the call, keeping what its reverse pass "
+            "reads; saved.backward(cotangents) then returns what vjp does without running the "
+            "function again.")
         .def_property_readonly(
             "signature", [](const PyFunction& f) { return signature(find_fn(*f.mod, f.name)); })
         .def(
@@ -815,6 +934,11 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
         .def("__repr__", [](const PyFunction& f) {
             return "<rag.Function " + signature(find_fn(*f.mod, f.name)) + ">";
         });
+
+    py::class_<PySaved>(m, "Saved",
+                        "What Function.call_saving kept for the reverse pass of one call.")
+        .def("backward", &saved_backward, "cotangents"_a,
+             "The gradients of the saved call for these cotangents (see Function.vjp).");
 
     py::class_<PyModule, PyModulePtr>(m, "Module",
                                       "A loaded .rag program; its functions are attributes.")

@@ -4,6 +4,7 @@
 #include "dsl/value_type.hpp"
 
 #include "frontend/lower.hpp"
+#include "ir/autodiff.hpp"
 #include "ir/interpreter.hpp"
 #include "jit/compile_clock.hpp"
 #include "jit/cpu_jit.hpp"
@@ -50,6 +51,23 @@ struct Module::Compiled {
     frontend::Lowered lowered;
     std::unique_ptr<jit::CpuFunction> cpu; // null on the interpreter tier
     std::unique_ptr<jit::GpuFunction> gpu; // on the gpu tier
+};
+
+// fn's vector-Jacobian product cut in two (ir::split_vjp): the forward returns fn's outputs and
+// then the residuals; the backward takes the residuals and one cotangent per float output.
+struct Module::Split {
+    Compiled forward, backward;
+    std::string name;                  // fn's
+    std::vector<frontend::VType> args; // fn's argument types
+    frontend::VType result;            // fn's result type
+    std::size_t outputs = 0;           // fn's flat outputs (the forward's first ones)
+    std::vector<std::size_t> seeded;   // the float ones among them, which take cotangents
+    std::vector<std::size_t> wrt;      // the flat inputs with gradients (float ones), in order
+};
+
+struct Module::Saved {
+    const Split* split = nullptr;
+    std::vector<RaggedTensor> inputs, outputs, residuals; // flat
 };
 
 namespace {
@@ -177,10 +195,7 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     if (!lowered) throw CompileError(diags.str());
     auto compiled = std::make_unique<Compiled>(Compiled{std::move(*lowered), nullptr, nullptr});
     phase.reset();
-    phase.emplace("plan");
-    if (tier_ == Tier::jit) compiled->cpu = jit::compile_cpu(compiled->lowered.fn);
-    if (tier_ == Tier::gpu) compiled->gpu = jit::compile_gpu(compiled->lowered.fn);
-    phase.reset();
+    build(*compiled);
     ++st.compilations;
     st.compile_seconds += jit::compile_wall_seconds() - t0;
     st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits0);
@@ -189,12 +204,25 @@ const Module::Compiled& Module::specialise(std::string_view fn, const std::vecto
     return *slot;
 }
 
+void Module::build(Compiled& c) const {
+    jit::CompilePhase phase("plan");
+    if (tier_ == Tier::jit) c.cpu = jit::compile_cpu(c.lowered.fn);
+    if (tier_ == Tier::gpu) c.gpu = jit::compile_gpu(c.lowered.fn);
+}
+
 Value Module::call(std::string_view fn, const std::vector<Value>& given) {
     std::vector<Value> args;
     for (const auto& a : given) args.push_back(normalise(*prog_, a));
     const Compiled& c = specialise(fn, args);
     std::vector<RaggedTensor> flat;
     for (const auto& a : args) flatten(a, flat);
+    auto out = run(c, fn, std::move(flat));
+    std::size_t pos = 0;
+    return unflatten(c.lowered.result, out, pos);
+}
+
+std::vector<RaggedTensor> Module::run(const Compiled& c, std::string_view fn,
+                                      std::vector<RaggedTensor> flat) {
     const std::size_t n_in = c.lowered.fn.inputs.size() - c.lowered.masks.size();
     if (flat.size() != n_in) fail(fn, " takes ", n_in, " tensors in all, got ", flat.size());
     auto want = c.lowered.fn.input_types();
@@ -247,8 +275,7 @@ Value Module::call(std::string_view fn, const std::vector<Value>& given) {
     st.host_steps = std::move(place.host);
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);
-    std::size_t pos = 0;
-    return unflatten(c.lowered.result, out, pos);
+    return out;
 }
 
 // Every tensor of the record type `name` (a params group, an array of one, or Adam state),
@@ -302,6 +329,158 @@ Value Module::init(std::string_view name, std::uint64_t seed) const {
             {leaf.name, RaggedTensor::dense(DenseArray::from_f64(s.dtype, shape, vals))});
     }
     return v;
+}
+
+// ---- reverse mode from the host ------------------------------------------------------------
+
+const Module::Split& Module::specialise_split(std::string_view fn, const std::vector<Value>& args) {
+    if (padded_) fail(fn, ": vjp runs on ragged modules only, not with padded execution");
+    std::string key = std::string(tier_ == Tier::jit   ? "jit:"
+                                  : tier_ == Tier::gpu ? "cuda:"
+                                                       : "interp:") +
+                      std::string(fn);
+    std::vector<frontend::VType> types;
+    for (const auto& a : args) {
+        types.push_back(vtype_of(*prog_, a));
+        key += "|" + types.back().str();
+    }
+    const std::string fwd = std::string(fn) + "_forward", bwd = std::string(fn) + "_backward";
+    if (auto it = splits_.find(key); it != splits_.end()) {
+        ++stats_[fwd].cache_hits, ++stats_[bwd].cache_hits;
+        return *it->second;
+    }
+    const double t0 = jit::compile_wall_seconds();
+    const std::int64_t hits0 = jit::disk_cache_stats().hits;
+    std::optional<jit::CompilePhase> phase(std::in_place, "lower");
+    Diagnostics diags(*prog_->units.at(0).src);
+    auto lowered = frontend::lower(*prog_, fn, types, diags);
+    if (!lowered) throw CompileError(diags.str());
+    auto split = std::make_unique<Split>();
+    split->name = std::string(fn);
+    split->args = types;
+    split->result = lowered->result;
+    const ir::Function& f = lowered->fn;
+    split->outputs = f.outputs.size();
+    std::vector<int> seeded, wrt;
+    for (std::size_t k = 0; k < f.outputs.size(); ++k)
+        if (is_floating(f.type(f.outputs[k]).dtype)) seeded.push_back(int(k));
+    for (std::size_t k = 0; k < f.inputs.size(); ++k)
+        if (is_floating(f.type(f.inputs[k]).dtype)) wrt.push_back(int(k));
+    split->seeded.assign(seeded.begin(), seeded.end());
+    split->wrt.assign(wrt.begin(), wrt.end());
+    ir::SplitVjp parts;
+    try {
+        parts = ir::split_vjp(f, ir::vjp(f, seeded, wrt));
+    } catch (const Error& e) {
+        fail(fn, ": vjp: ", e.what());
+    }
+    split->forward.lowered = frontend::Lowered{std::move(parts.forward), {}, {}, {}};
+    split->backward.lowered = frontend::Lowered{std::move(parts.backward), {}, {}, {}};
+    phase.reset();
+    // Lowering and differentiating count for the forward, each build for its own half.
+    double t = t0;
+    std::int64_t hits = hits0;
+    for (auto [c, name] : {std::pair{&split->forward, &fwd}, std::pair{&split->backward, &bwd}}) {
+        build(*c);
+        FnStats& st = stats_[*name];
+        ++st.compilations;
+        st.compile_seconds += jit::compile_wall_seconds() - t;
+        st.disk_cache_hits += int(jit::disk_cache_stats().hits - hits);
+        t = jit::compile_wall_seconds(), hits = jit::disk_cache_stats().hits;
+    }
+    auto& slot = splits_[key];
+    slot = std::move(split);
+    return *slot;
+}
+
+std::pair<Value, std::shared_ptr<const Module::Saved>>
+Module::call_saving(std::string_view fn, const std::vector<Value>& given) {
+    std::vector<Value> args;
+    for (const auto& a : given) args.push_back(normalise(*prog_, a));
+    const Split& split = specialise_split(fn, args);
+    auto saved = std::make_shared<Saved>();
+    saved->split = &split;
+    for (const auto& a : args) flatten(a, saved->inputs);
+    auto out = run(split.forward, split.forward.lowered.fn.name, saved->inputs);
+    saved->residuals.assign(out.begin() + std::ptrdiff_t(split.outputs), out.end());
+    out.resize(split.outputs);
+    saved->outputs = out;
+    std::size_t pos = 0;
+    return {unflatten(split.result, out, pos), std::move(saved)};
+}
+
+std::vector<std::optional<Value>>
+Module::backward(const Saved& saved, const std::vector<std::optional<Value>>& cotangents) {
+    const Split& split = *saved.split;
+    // The cotangents, flat in output order: each given element's tensors, zeros elsewhere.
+    using K = frontend::VType::Kind;
+    const std::vector<frontend::VType> elems =
+        split.result.kind == K::tuple ? split.result.elems : std::vector{split.result};
+    if (cotangents.size() != elems.size())
+        fail(split.name, ": vjp takes one cotangent per result element (", elems.size(), "), got ",
+             cotangents.size());
+    std::vector<std::optional<RaggedTensor>> given;
+    for (std::size_t e = 0; e < elems.size(); ++e) {
+        const std::size_t n = elems[e].flatten().size();
+        if (!cotangents[e]) {
+            given.resize(given.size() + n);
+            continue;
+        }
+        std::vector<RaggedTensor> flat;
+        flatten(normalise(*prog_, *cotangents[e]), flat);
+        if (flat.size() != n)
+            fail(split.name, ": the cotangent of result element ", e, " is a ",
+                 cotangents[e]->type_str(), "; it must be a ", elems[e].str());
+        given.insert(given.end(), flat.begin(), flat.end());
+    }
+    std::vector<RaggedTensor> inputs = saved.residuals;
+    for (std::size_t k : split.seeded) {
+        const RaggedTensor& out = saved.outputs[k];
+        if (!given[k]) {
+            inputs.push_back(RaggedTensor::zeros(out.dtype(), out.structure_ptr()));
+            continue;
+        }
+        RaggedTensor ct = *given[k];
+        if (ct.dtype() != out.dtype() && is_floating(ct.dtype()) && is_floating(out.dtype()) &&
+            !ct.shape().batched)
+            ct = ct.astype(out.dtype()); // a number or array given for a scalar result
+        if (ct.dtype() != out.dtype() || ct.batch() != out.batch() ||
+            ct.structure().sizes() != out.structure().sizes())
+            fail(split.name, ": the cotangent of output ", k, " is ", describe(ct),
+                 "; it must match the output, ", describe(out));
+        inputs.push_back(RaggedTensor(out.dtype(), out.structure_ptr(), ct.buffer()));
+    }
+    auto grads = run(split.backward, split.backward.lowered.fn.name, std::move(inputs));
+    // Per argument: its gradient, with zeros for integer fields of a record; none for an
+    // argument without float tensors.
+    std::vector<std::optional<Value>> result;
+    std::size_t flat = 0, next = 0;
+    for (const auto& type : split.args) {
+        const std::size_t n = type.flatten().size();
+        std::vector<RaggedTensor> leaves;
+        bool any = false;
+        for (std::size_t j = 0; j < n; ++j, ++flat) {
+            if (next < split.wrt.size() && split.wrt[next] == flat) {
+                leaves.push_back(grads[next++]);
+                any = true;
+            } else {
+                const RaggedTensor& in = saved.inputs[flat];
+                leaves.push_back(RaggedTensor::zeros(in.dtype(), in.structure_ptr()));
+            }
+        }
+        if (!any) {
+            result.emplace_back();
+            continue;
+        }
+        std::size_t p = 0;
+        result.push_back(unflatten(type, leaves, p));
+    }
+    return result;
+}
+
+std::vector<std::optional<Value>> Module::vjp(std::string_view fn, const std::vector<Value>& args,
+                                              const std::vector<std::optional<Value>>& cotangents) {
+    return backward(*call_saving(fn, args).second, cotangents);
 }
 
 std::string Module::ir(std::string_view fn, const std::optional<std::vector<Value>>& args) {

@@ -69,6 +69,24 @@ class Module {
     // Deterministic initialisation of a params group (see docs/language.md for the generator).
     Value init(std::string_view params, std::uint64_t seed) const;
     // The IR of fn specialised on these arguments (or on its declared types).
+    // Reverse mode from the host: the gradient of sum_k <result element k, cotangent k> for
+    // every argument. `cotangents` has one entry per element of fn's result (one entry when the
+    // result is not a tuple), in order; nullopt is a zero cotangent, as is any entry for an
+    // integer tensor. Returns one entry per argument: its gradient (a tensor, or a record of the
+    // argument's type whose integer fields are zero) or nullopt for an argument without float
+    // tensors. The gradient comes from the same autodiff as `grad` (ir::vjp), compiled once per
+    // argument schemas.
+    std::vector<std::optional<Value>> vjp(std::string_view fn, const std::vector<Value>& args,
+                                          const std::vector<std::optional<Value>>& cotangents);
+    // The same in two calls, so that a caller that needs fn's result first (the PyTorch bridge)
+    // runs fn once: call_saving returns fn's result and what its reverse pass reads; backward
+    // returns what vjp does. Its stats are under "<fn>_forward" and "<fn>_backward".
+    struct Saved;
+    std::pair<Value, std::shared_ptr<const Saved>> call_saving(std::string_view fn,
+                                                               const std::vector<Value>& args);
+    std::vector<std::optional<Value>> backward(const Saved& saved,
+                                               const std::vector<std::optional<Value>>& cotangents);
+
     std::string ir(std::string_view fn,
                    const std::optional<std::vector<Value>>& args = std::nullopt);
     // How the CPU tier runs fn on its declared types: fused loops, GEMMs, reference kernels.
@@ -93,11 +111,18 @@ class Module {
 
   private:
     struct Compiled;
+    struct Split;
     explicit Module(std::unique_ptr<frontend::Program> prog);
     const Compiled& specialise(std::string_view fn, const std::vector<Value>& args);
+    const Split& specialise_split(std::string_view fn, const std::vector<Value>& args);
+    void build(Compiled& c) const; // compiles c.lowered.fn for the current tier
+    // Runs c on flat tensors (checking them against its inputs); stats go under `fn`.
+    std::vector<RaggedTensor> run(const Compiled& c, std::string_view fn,
+                                  std::vector<RaggedTensor> flat);
 
     std::unique_ptr<frontend::Program> prog_;
     std::map<std::string, std::unique_ptr<Compiled>> cache_;
+    std::map<std::string, std::unique_ptr<Split>> splits_;
     std::map<std::string, FnStats> stats_;
     Tier tier_ = Tier::jit;
     bool padded_ = false;
