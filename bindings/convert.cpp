@@ -529,4 +529,127 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
                         std::move(buf));
 }
 
+// ---- packed values and lengths ----------------------------------------------------------------
+
+namespace {
+
+// The distinct ragged names of `axes`, in order of first appearance.
+std::vector<std::string> ragged_names(const std::vector<Axis>& axes) {
+    std::vector<std::string> names;
+    for (const auto& a : axes)
+        if (a.is_ragged() && std::find(names.begin(), names.end(), a.name) == names.end())
+            names.push_back(a.name);
+    return names;
+}
+
+std::vector<std::int64_t> int_vector(py::handle obj, const std::string& what) {
+    py::array a;
+    try {
+        a = numpy().attr("asarray")(obj, "dtype"_a = "int64");
+    } catch (py::error_already_set&) {
+        fail("from_packed: ", what, " must be a sequence of integers, got ",
+             py::str(py::type::of(obj)).cast<std::string>());
+    }
+    if (a.ndim() != 1)
+        fail("from_packed: ", what, " must be one-dimensional, got ", a.ndim(), " dimensions");
+    auto* d = static_cast<const std::int64_t*>(a.data());
+    std::vector<std::int64_t> v(d, d + a.size());
+    for (std::size_t i = 0; i < v.size(); ++i)
+        if (v[i] < 0) fail("from_packed: ", what, "[", i, "] is negative (", v[i], ")");
+    return v;
+}
+
+} // namespace
+
+RaggedTensor from_packed(py::handle values, py::handle lengths, const std::string& spec,
+                         py::handle dtype) {
+    std::optional<DType> want;
+    std::vector<Axis> axes = axes_from_spec(spec, -1, &want);
+    if (!dtype.is_none()) want = dtype_arg(dtype);
+    const auto names = ragged_names(axes);
+    if (names.empty())
+        fail("from_packed: the spec '", spec,
+             "' has no ragged axis; use rag.tensor(values, batched=True)");
+    // One row of B extents per ragged name: a mapping by name, a list in order, or one row.
+    std::map<std::string, std::vector<std::int64_t>> by_name;
+    if (py::isinstance<py::dict>(lengths)) {
+        for (const auto& n : names) {
+            py::dict d = py::reinterpret_borrow<py::dict>(lengths);
+            if (!d.contains(n)) fail("from_packed: lengths has no entry for ~", n);
+            by_name[n] = int_vector(d[py::str(n)], "lengths['" + n + "']");
+        }
+    } else {
+        py::array probe = numpy().attr("asarray")(lengths, "dtype"_a = "object");
+        const bool rows = probe.ndim() == 2 || (probe.ndim() == 1 && probe.size() > 0 &&
+                                                py::hasattr(probe[py::int_(0)], "__len__"));
+        if (!rows) {
+            if (names.size() != 1)
+                fail("from_packed: the spec has ", names.size(),
+                     " ragged names; give one row of lengths per name (or a dict)");
+            by_name[names[0]] = int_vector(lengths, "lengths");
+        } else {
+            py::list list = py::module_::import("builtins").attr("list")(lengths);
+            if (list.size() != names.size())
+                fail("from_packed: ", list.size(), " rows of lengths for ", names.size(),
+                     " ragged names");
+            for (std::size_t k = 0; k < names.size(); ++k)
+                by_name[names[k]] = int_vector(list[k], "lengths[" + std::to_string(k) + "]");
+        }
+    }
+    const std::size_t B = by_name.begin()->second.size();
+    for (const auto& [n, v] : by_name)
+        if (v.size() != B)
+            fail("from_packed: ~", n, " has ", v.size(), " lengths, ~", by_name.begin()->first,
+                 " has ", B);
+    std::vector<std::int64_t> sizes;
+    for (std::size_t i = 0; i < B; ++i)
+        for (const auto& a : axes) sizes.push_back(a.is_ragged() ? by_name[a.name][i] : a.extent);
+    auto st = Structure::make(Shape{true, axes}, std::int64_t(B), std::move(sizes));
+    // The values: adopted from a DLPack producer or an array when they can be, else copied once.
+    const bool dl = py::hasattr(values, "__dlpack__") && !py::isinstance<py::array>(values);
+    RaggedTensor v =
+        dl ? from_dlpack(values, false)
+           : tensor_from_array(values, want ? *want : infer_dtype(py::array::ensure(values)), false,
+                               "same_kind");
+    if (want && v.dtype() != *want) v = v.astype(*want);
+    if (v.numel() != st->numel())
+        fail("from_packed: the values hold ", v.numel(), " elements; the lengths and '", spec,
+             "' need ", st->numel(),
+             " (rows = the per-sample products of the ragged extents, "
+             "times the static extents)");
+    RaggedTensor out(v.dtype(), st, v.buffer());
+    // Flat values are fine; shaped ones must be the packed layout, so a transposed array whose
+    // element count happens to agree is not taken silently.
+    const auto& given = v.structure().sizes();
+    if (given.size() > 1) {
+        py::array view = values_view(out);
+        std::vector<std::int64_t> expect(view.shape(), view.shape() + view.ndim());
+        if (given != expect) {
+            std::string e, g;
+            for (auto x : expect) e += (e.empty() ? "" : ", ") + std::to_string(x);
+            for (auto x : given) g += (g.empty() ? "" : ", ") + std::to_string(x);
+            fail("from_packed: the values have shape [", g, "]; the lengths and '", spec,
+                 "' pack as [", e, "] (or give them flat)");
+        }
+    }
+    return out;
+}
+
+py::tuple packed(const RaggedTensor& t) {
+    if (!t.shape().batched) fail("packed: ", t.schema().str(), " is not batched");
+    py::list rows;
+    std::vector<std::string> seen;
+    const auto& axes = t.shape().axes;
+    for (std::size_t a = 0; a < axes.size(); ++a) {
+        if (!axes[a].is_ragged() || std::find(seen.begin(), seen.end(), axes[a].name) != seen.end())
+            continue;
+        seen.push_back(axes[a].name);
+        auto l = t.structure().lengths(int(a));
+        py::array_t<std::int64_t> arr(py::ssize_t(l.size()));
+        std::copy(l.begin(), l.end(), arr.mutable_data());
+        rows.append(arr);
+    }
+    return py::make_tuple(values_view(t), rows);
+}
+
 } // namespace rag::bind

@@ -73,6 +73,16 @@ std::vector<Axis> axes_from_spec(std::string spec, int rank, std::optional<DType
 // Names for ragged axes without declared names: N, M, L, K, J, I, H, G.
 std::string ragged_name(int k);
 
+// ---- packed values and lengths --------------------------------------------------------------
+// A batch from its packed values ([rows, static extents...], as `values` shows them; any array
+// or DLPack producer, adopted without a copy when C-contiguous, 64-byte aligned and of the
+// dtype) and one row of B lengths per ragged name (a dict by name, a list in order of first
+// appearance, or one row when there is one name), with per-sample axes from `spec`.
+RaggedTensor from_packed(py::handle values, py::handle lengths, const std::string& spec,
+                         py::handle dtype);
+// (values view, [one int64 array of B lengths per ragged name]): from_packed's inverse.
+py::tuple packed(const RaggedTensor& t);
+
 // ---- DLPack ---------------------------------------------------------------------------------
 // A "dltensor" capsule over the packed values (see values_view); `copy` exports a fresh copy.
 py::capsule to_dlpack(const RaggedTensor& t, bool copy);

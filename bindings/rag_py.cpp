@@ -714,6 +714,9 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             },
             "axis"_a,
             "The extent of logical axis `axis` (1 = first per-sample axis) in every sample.")
+        .def("packed", &packed,
+             "(values, lengths): the packed values (a zero-copy view, as `values`) and one int64 "
+             "array of B extents per ragged name, in order; rag.from_packed's inverse.")
         .def_property_readonly(
             "sizes",
             [](const RaggedTensor& t) {
@@ -1148,6 +1151,17 @@ dtype: a rag dtype name or NumPy dtype (default: the samples' own; uint16 means 
         "padded"_a, "lengths"_a, "ragged_axes"_a = py::none(), "dtype"_a = py::none(),
         R"(Inverse of to_padded: padded is [B, envelope...]; lengths is B extents (one ragged axis)
 or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [0]).)");
+    m.def(
+        "from_packed",
+        [](py::object values, py::object lengths, const std::string& spec, py::object dtype) {
+            return from_packed(values, lengths, spec, dtype);
+        },
+        "values"_a, "lengths"_a, "spec"_a, "dtype"_a = py::none(),
+        R"(A batch from packed values and lengths, t.packed()'s inverse. values: [rows, static
+extents...] (an array or any DLPack producer such as a torch tensor; zero copy when it is
+C-contiguous, 64-byte aligned and of the dtype). lengths: one row of B extents per ragged name
+(a dict by name, a list in order, or one row for one name). spec: the per-sample axes,
+"~N, 128", "[B, ~N, ~N, 64]" or "f32[B, ~N, 4]".)");
     m.def(
         "from_dlpack", [](py::object obj, bool batched) { return from_dlpack(obj, batched); },
         "obj"_a, "batched"_a = false,
