@@ -8,6 +8,7 @@
 #include "frontend/lower.hpp"
 #include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
+#include "runtime/parallel.hpp"
 
 #include <pybind11/stl.h>
 
@@ -616,9 +617,12 @@ std::string format_of(DType t) {
 } // namespace
 } // namespace rag::bind
 
-PYBIND11_MODULE(rag, m) {
+PYBIND11_MODULE(_rag, m) {
     using namespace rag;
     using namespace rag::bind;
+    // The package rag re-exports this module (bindings/rag/__init__.py): classes, exceptions
+    // and functions say they are rag's, so reprs, tracebacks and pickles name rag.Tensor.
+    m.attr("__name__") = "rag";
     m.doc() = "rag: a tensor language for ragged data (LANGUAGE.md section 5).";
     m.attr("__version__") = RAG_VERSION;
     m.attr("dtypes") = py::make_tuple("f16", "bf16", "f32", "f64", "i32", "i64", "bool");
@@ -1151,6 +1155,11 @@ dtype: a rag dtype name or NumPy dtype (default: the samples' own; uint16 means 
         "padded"_a, "lengths"_a, "ragged_axes"_a = py::none(), "dtype"_a = py::none(),
         R"(Inverse of to_padded: padded is [B, envelope...]; lengths is B extents (one ragged axis)
 or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [0]).)");
+    m.def(
+        "set_num_threads", [](int n) { set_num_threads(n); }, "n"_a,
+        "Threads rag's kernels use from now on (RAG_NUM_THREADS at start; 0: every core). "
+        "Results are bitwise the same for any count.");
+    m.def("num_threads", &num_threads, "Threads rag's kernels use.");
     m.def(
         "from_packed",
         [](py::object values, py::object lengths, const std::string& spec, py::object dtype) {

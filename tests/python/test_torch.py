@@ -1,0 +1,136 @@
+"""rag.torch, the PyTorch bridge: gradients through torch.autograd equal torch's own on the
+same math, parameters carry rag's dotted names, and values cross without copies.
+
+Needs torch, which is not a test dependency: `./dev test` skips this file when torch is not
+importable (the summary names the reason); `./dev test-torch` runs it in the bench venv."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (./dev test-torch runs these)")
+import rag  # noqa: E402
+import rag.torch as rt  # noqa: E402
+
+SRC = """
+params Layer {
+    w: f32[4, 4] = normal(0.4)
+    b: f32[4] = uniform(-0.1, 0.1)
+}
+params Model {
+    layers: Layer[2]
+    head: f32[4, 2] = normal(0.5)
+}
+fn layer(x: f32[B, ~N, 4], l: Layer) -> f32[B, ~N, 4] {
+    return tanh(x @ l.w + l.b) + x
+}
+fn encode(x: f32[B, ~N, 4], p: Model) -> f32[B, ~N, 2] {
+    let h = x
+    for l in p.layers {
+        h = layer(h, l)
+    }
+    return h @ p.head
+}
+fn loss(x: f32[B, ~N, 4], labels: i64[B, ~N], p: Model) -> f32[] {
+    return cross_entropy(encode(x, p), labels)
+}
+"""
+
+LENGTHS = [3, 6, 1]
+
+
+def reference_loss(values, labels, params):
+    """The same model in torch, on the packed rows (each row is independent but for the mean)."""
+    h = values
+    for k in range(2):
+        h = torch.tanh(h @ params["layers.%d.w" % k] + params["layers.%d.b" % k]) + h
+    return torch.nn.functional.cross_entropy(h @ params["head"], labels)
+
+
+@pytest.fixture(scope="module")
+def m():
+    return rag.compile(SRC)
+
+
+def batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(sum(LENGTHS), 4, generator=g)
+    labels = torch.randint(0, 2, (sum(LENGTHS),), generator=g)
+    return values, labels
+
+
+def test_parameters_have_rags_dotted_names_and_values(m):
+    model = rt.Module(m, "loss", params="Model", seed=3)
+    rag_order = ["layers.0.w", "layers.0.b", "layers.1.w", "layers.1.b", "head"]
+    assert list(model.params()) == rag_order
+    assert sorted(n for n, _ in model.named_parameters()) == sorted(rag_order)
+    assert sorted(model.state_dict()) == sorted(rag_order)
+    want = m.init("Model", 3)
+    for n, p in model.named_parameters():
+        assert np.array_equal(p.detach().numpy(), np.asarray(want[n]))
+    clone = rt.Module(m, "loss", params="Model", seed=9)
+    clone.load_state_dict(model.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(clone.parameters(), model.parameters()))
+
+
+def test_gradients_equal_torch_autograd_on_the_same_math(m):
+    model = rt.Module(m, "loss", params="Model", seed=1)
+    values, labels = batch(0)
+    x = rt.Ragged(values.clone().requires_grad_(), LENGTHS)
+    lab = rt.Ragged(labels, LENGTHS, "~N")
+    loss = model(x, lab)
+    loss.backward()
+
+    ref_params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
+    ref_values = values.clone().requires_grad_()
+    ref = reference_loss(ref_values, labels, ref_params)
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(x.values.grad, ref_values.grad, rtol=1e-4, atol=1e-6)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_params[n].grad, rtol=1e-4, atol=1e-6)
+
+
+def test_adamw_steps_through_torch_optim_lower_the_loss(m):
+    model = rt.Module(m, "loss", params="Model", seed=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    values, labels = batch(1)
+    x, lab = rt.Ragged(values, LENGTHS), rt.Ragged(labels, LENGTHS, "~N")
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = model(x, lab)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_values_cross_without_copies(m):
+    values, _ = batch(2)
+    x = rt.Ragged(values, LENGTHS)
+    r = x.to_rag()
+    assert r.values.ctypes.data == values.data_ptr()  # torch -> rag: adopted
+    f = rt.function(m, "encode")
+    model = rt.Module(m, "encode", params="Model", seed=0)
+    out = f(x, model.params())
+    assert isinstance(out, rt.Ragged) and tuple(out.values.shape) == (sum(LENGTHS), 2)
+    # rag -> torch: the result's values are the rag tensor's own memory.
+    res = m.encode(r, {k: v.detach().numpy() for k, v in model.params().items()})
+    back = rt._to_torch(res)
+    assert back.values.data_ptr() == res.values.ctypes.data
+
+
+def test_unused_outputs_and_integer_arguments(m):
+    f = rt.function(m, "encode")
+    model = rt.Module(m, "encode", params="Model", seed=4)
+    values, _ = batch(3)
+    x = rt.Ragged(values.clone().requires_grad_(), LENGTHS)
+    out = f(x, model.params())
+    (out.values[:, 0].sum()).backward()  # a cotangent for only part of the output
+    ref_values = values.clone().requires_grad_()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    h = ref_values
+    for k in range(2):
+        h = torch.tanh(h @ params["layers.%d.w" % k] + params["layers.%d.b" % k]) + h
+    (h @ params["head"])[:, 0].sum().backward()
+    torch.testing.assert_close(x.values.grad, ref_values.grad, rtol=1e-4, atol=1e-6)
