@@ -213,6 +213,15 @@ RaggedTensor weight_grad(const ir::Node& n, const RaggedTensor& g, const RaggedT
     const Geometry G = geometry(n, w);
     const T* gv = static_cast<const T*>(g.data());
     const T* xv = static_cast<const T*>(x.data());
+    if (G.pointwise()) { // dW = dY^T X over every packed pixel
+        RaggedTensor dw = uninitialized(w.dtype(), w.structure_ptr());
+        gemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(G.cout), int(G.cin),
+             int(x.structure().rows()), T(1), gv, int(G.cout), xv, int(G.cin),
+             static_cast<T*>(dw.mutable_data()), int(G.cin));
+        if (x.structure().rows() == 0)
+            std::fill_n(static_cast<T*>(dw.mutable_data()), dw.numel(), T(0));
+        return dw;
+    }
     const std::int64_t k = G.kh * G.kw * G.cig; // packed [g][cog][k]
     const std::vector<Block> bl = blocks(g.structure(), block_rows(k, sizeof(T)));
     const std::vector<double> acc =

@@ -68,7 +68,10 @@ std::string slice_axis_name(const std::string& base, std::int64_t e, std::int64_
         if (t->kind == Token::Kind::slice) return slice_axis_name(head, t->a + e * t->s, t->s * s);
         // (L + g) then [e::s]: no clamp after a growth, so fold g into the slice.
         if (t->kind == Token::Kind::grow) {
-            if (t->a > e) return slice_axis_name(grow_axis_name(head, t->a - e), 0, s);
+            if (t->a > e) { // (L + g - e) then [::s], as two tokens
+                const std::string grown = grow_axis_name(head, t->a - e);
+                return s == 1 ? grown : grown + slice_token(0, s);
+            }
             return slice_axis_name(head, e - t->a, s);
         }
     }

@@ -192,13 +192,15 @@ def test_pooling_upsampling_patches_gradients(pools, name):
 
 @pytest.mark.parametrize("dt", ["f64", "f32"])
 def test_max_pool_propagates_nan_like_pytorch(pools, dt):
-    x = np.arange(2 * 4 * 5, dtype=np.float64).reshape(2, 4, 5)
+    x = np.arange(3 * 4 * 5, dtype=np.float64).reshape(3, 4, 5)
     x[0, 1, 1] = np.nan
     x[1, 3, 4] = -np.inf
-    y = pools[dt].max2(batch([x.astype(dt)])).to_list()[0]
+    x[2, :2, :2] = -np.inf   # a window of -inf only
+    npdt = np.float64 if dt == "f64" else np.float32
+    y = pools[dt].max2(batch([x.astype(npdt)])).to_list()[0]
     want = ref.max_pool2d(x, (2, 2), (2, 2), (0, 0))
     assert np.isnan(y[0, 0, 0]) and np.isnan(want[0, 0, 0])
-    np.testing.assert_array_equal(y, want.astype(dt))
+    np.testing.assert_array_equal(y, want.astype(npdt))
 
 
 def test_result_axes_have_derived_names(convs, pools):
@@ -223,7 +225,7 @@ fn down(x: f32[B, 4, ~H, ~W], w: f32[4, 4, 2, 2]) -> f32[B, 4, ~H[1::2], ~W[1::2
 fn twice(x: f32[B, 4, ~H, ~W], w: f32[4, 4, 3, 3]) -> f32[B, 4, ~H[::4], ~W[::2][::2]] {
     return conv2d(conv2d(x, w, stride=2, padding=1), w, stride=2, padding=1)
 }
-fn up(x: f32[B, 4, ~H, ~W]) -> f32[B, 4, ~H[::2][*4], ~W[::2][*2][*2]] {
+fn up(x: f32[B, 4, ~H, ~W]) -> f32[B, 4, ~H[+1][::2][*4], ~W[+1][::2][*2][*2]] {
     return upsample2d(avg_pool2d(x, 2, padding=1), scale=4)
 }
 fn grow(x: f32[B, 4, ~H, ~W], w: f32[4, 4, 1, 1]) -> f32[B, 4, ~H[+4][::2], ~W[+2][+2][::2]] {
@@ -287,7 +289,14 @@ def test_padded_tier_refuses_images_clearly():
         m.f(x, np.ones((2, 2, 3, 3), np.float32))
 
 
+IMAGE_OPS = {"conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv2d_bias_grad",
+             "max_pool2d", "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad", "upsample2d",
+             "upsample2d_grad", "patches", "patches_grad"}
+
+
 def test_every_image_step_runs_compiled(convs, pools):
+    """No image op of any configuration runs its reference kernel (ones_like, the loss's seed,
+    is an allowed reference step: tests/python/test_plan_exceptions.py)."""
     rng = np.random.default_rng(4)
     for name in CONVS:
         xs, w, b = conv_inputs(name, rng)
@@ -295,12 +304,14 @@ def test_every_image_step_runs_compiled(convs, pools):
         args = call_args(batch([f32(x) for x in xs]), f32(w), f32(b))
         for fn in [name] + [f"d{p}_{name}" for p in ("x", "w", "b")[:len(args)]]:
             getattr(convs["f32"], fn)(*args)
-            assert convs["f32"].stats()[fn]["steps"]["reference"] == {}, (fn, convs["f32"].stats()[fn])
+            ref_steps = convs["f32"].stats()[fn]["steps"]["reference"]
+            assert not set(ref_steps) & IMAGE_OPS, (fn, ref_steps)
     x = batch(images(rng, 3, SIZES, np.float32))
     for name in list(POOLS) + ["patches2", "patches3"]:
         for fn in (name, "dx_" + name):
             getattr(pools["f32"], fn)(x)
-            assert pools["f32"].stats()[fn]["steps"]["reference"] == {}, (fn, pools["f32"].stats()[fn])
+            ref_steps = pools["f32"].stats()[fn]["steps"]["reference"]
+            assert not set(ref_steps) & IMAGE_OPS, (fn, ref_steps)
 
 
 # Determinism: forward and every gradient, f32, images large enough for several blocks.
