@@ -87,14 +87,23 @@ def pool_source(dt, c=3):
     return src
 
 
+# "f64", "f32": the CPU JIT; "interp": the reference kernels (f64), the oracle of every tier.
 @pytest.fixture(scope="module")
 def convs():
-    return {dt: rag.compile(conv_source(dt), f"convs_{dt}.rag") for dt in ("f64", "f32")}
+    m = {dt: rag.compile(conv_source(dt), f"convs_{dt}.rag") for dt in ("f64", "f32")}
+    m["interp"] = rag.compile(conv_source("f64"), "convs_interp.rag", tier="interpreter")
+    return m
 
 
 @pytest.fixture(scope="module")
 def pools():
-    return {dt: rag.compile(pool_source(dt), f"pools_{dt}.rag") for dt in ("f64", "f32")}
+    m = {dt: rag.compile(pool_source(dt), f"pools_{dt}.rag") for dt in ("f64", "f32")}
+    m["interp"] = rag.compile(pool_source("f64"), "pools_interp.rag", tier="interpreter")
+    return m
+
+
+def np_dtype(dt):
+    return np.float32 if dt == "f32" else np.float64
 
 
 def images(rng, c, sizes=SIZES, dtype=np.float64):
@@ -119,15 +128,15 @@ def call_args(x, w, b):
 
 
 @pytest.mark.parametrize("name", list(CONVS))
-@pytest.mark.parametrize("dt", ["f64", "f32"])
+@pytest.mark.parametrize("dt", ["f64", "f32", "interp"])
 def test_conv2d_matches_dense_reference(convs, name, dt):
     rng = np.random.default_rng(len(name))
     xs, w, b = conv_inputs(name, rng)
-    npdt = np.float64 if dt == "f64" else np.float32
+    npdt = np_dtype(dt)
     cast = lambda a: None if a is None else a.astype(npdt)  # noqa: E731
     y = getattr(convs[dt], name)(*call_args(batch([cast(x) for x in xs]), cast(w), cast(b)))
     kw_ref = CONVS[name][5]
-    tol = dict(rtol=1e-12, atol=1e-12) if dt == "f64" else dict(rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=1e-5, atol=1e-5) if dt == "f32" else dict(rtol=1e-12, atol=1e-12)
     for x, yi in zip(xs, y.to_list()):
         want = ref.conv2d(x, w, b, **kw_ref)
         assert yi.shape == want.shape
@@ -135,8 +144,9 @@ def test_conv2d_matches_dense_reference(convs, name, dt):
 
 
 @pytest.mark.parametrize("name", list(CONVS))
-def test_conv2d_gradients_match_finite_differences(convs, name):
-    m = convs["f64"]
+@pytest.mark.parametrize("tier", ["f64", "interp"])
+def test_conv2d_gradients_match_finite_differences(convs, name, tier):
+    m = convs[tier]
     rng = np.random.default_rng(100 + len(name))
     xs, w, b = conv_inputs(name, rng)
     loss = lambda: float(getattr(m, "loss_" + name)(*call_args(batch(xs), w, b)))  # noqa: E731
@@ -165,14 +175,14 @@ def central(fun, arr):
 
 
 @pytest.mark.parametrize("name", list(POOLS) + ["patches2", "patches3"])
-@pytest.mark.parametrize("dt", ["f64", "f32"])
+@pytest.mark.parametrize("dt", ["f64", "f32", "interp"])
 def test_pooling_upsampling_patches_match_dense_reference(pools, name, dt):
     rng = np.random.default_rng(7)
-    npdt = np.float64 if dt == "f64" else np.float32
+    npdt = np_dtype(dt)
     xs = images(rng, 3, SIZES + [(6, 4)])
     y = getattr(pools[dt], name)(batch([x.astype(npdt) for x in xs]))
     fn = POOLS[name][1] if name in POOLS else (lambda x: ref.patches(x, int(name[-1])))
-    tol = dict(rtol=1e-12, atol=1e-12) if dt == "f64" else dict(rtol=1e-6, atol=1e-6)
+    tol = dict(rtol=1e-6, atol=1e-6) if dt == "f32" else dict(rtol=1e-12, atol=1e-12)
     for x, yi in zip(xs, y.to_list()):
         want = fn(x)
         assert yi.shape == want.shape
@@ -180,8 +190,9 @@ def test_pooling_upsampling_patches_match_dense_reference(pools, name, dt):
 
 
 @pytest.mark.parametrize("name", list(POOLS) + ["patches2", "patches3"])
-def test_pooling_upsampling_patches_gradients(pools, name):
-    m = pools["f64"]
+@pytest.mark.parametrize("tier", ["f64", "interp"])
+def test_pooling_upsampling_patches_gradients(pools, name, tier):
+    m = pools[tier]
     rng = np.random.default_rng(9)
     xs = images(rng, 3, [(1, 1), (3, 5), (4, 4)])
     loss = lambda: float(getattr(m, "loss_" + name)(batch(xs)))  # noqa: E731
@@ -190,13 +201,13 @@ def test_pooling_upsampling_patches_gradients(pools, name):
         np.testing.assert_allclose(dx[i], central(loss, x), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("dt", ["f64", "f32"])
+@pytest.mark.parametrize("dt", ["f64", "f32", "interp"])
 def test_max_pool_propagates_nan_like_pytorch(pools, dt):
     x = np.arange(3 * 4 * 5, dtype=np.float64).reshape(3, 4, 5)
     x[0, 1, 1] = np.nan
     x[1, 3, 4] = -np.inf
     x[2, :2, :2] = -np.inf   # a window of -inf only
-    npdt = np.float64 if dt == "f64" else np.float32
+    npdt = np_dtype(dt)
     y = pools[dt].max2(batch([x.astype(npdt)])).to_list()[0]
     want = ref.max_pool2d(x, (2, 2), (2, 2), (0, 0))
     assert np.isnan(y[0, 0, 0]) and np.isnan(want[0, 0, 0])
