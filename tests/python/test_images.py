@@ -346,16 +346,20 @@ fn gx(x: f32[B, 8, ~H, ~W], p: P) -> f32[B, 8, ~H, ~W] { return grad(loss, wrt=x
 
 
 def det_child():
-    m = rag.compile(DET, "det.rag")
-    rng = np.random.default_rng(11)
-    sizes = [(61, 40), (17, 90), (33, 33), (80, 57), (9, 12)]
-    x = batch([rng.standard_normal((8, h, w)).astype(np.float32) for h, w in sizes])
-    p = m.init("P", seed=3)
-    out = {"loss": hashlib.sha256(np.float32(m.loss(x, p)).tobytes()).hexdigest()}
-    for k, v in m.g(x, p).to_dict().items():
-        out[k] = hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
-    out["gx"] = hashlib.sha256(
-        b"".join(np.ascontiguousarray(a).tobytes() for a in m.gx(x, p).to_list())).hexdigest()
+    """f32 and f64: the f64 sums show a thread-dependent order that f32's double accumulation
+    would round away."""
+    out = {}
+    for dt, npdt in (("f32", np.float32), ("f64", np.float64)):
+        m = rag.compile(DET.replace("f32", dt), f"det_{dt}.rag")
+        rng = np.random.default_rng(11)
+        sizes = [(61, 40), (17, 90), (33, 33), (80, 57), (9, 12)]
+        x = batch([rng.standard_normal((8, h, w)).astype(npdt) for h, w in sizes])
+        p = m.init("P", seed=3)
+        out[dt + ".loss"] = hashlib.sha256(np.asarray(m.loss(x, p)).tobytes()).hexdigest()
+        for k, v in m.g(x, p).to_dict().items():
+            out[dt + "." + k] = hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
+        out[dt + ".gx"] = hashlib.sha256(
+            b"".join(np.ascontiguousarray(a).tobytes() for a in m.gx(x, p).to_list())).hexdigest()
     print(json.dumps(out))
 
 
