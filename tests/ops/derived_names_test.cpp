@@ -37,19 +37,24 @@ std::vector<Step> steps() {
         out.push_back({[=](const std::string& b) { return scale_axis_name(b, m); },
                        [=](std::int64_t n) { return n * m; }, "scale " + std::to_string(m)});
     // Windows: (k, s, lo, hi, d) as conv2d and the pools use them.
-    for (auto w : std::vector<Window>{{3, 2, 1, 1, 1}, {1, 2, 0, 0, 1}, {2, 2, 0, 0, 1},
-                                      {1, 1, 1, 1, 1}, {3, 1, 2, 2, 2}, {5, 3, 0, 0, 1}})
-        out.push_back({[=](const std::string& b) { return window_axis_name(b, w.k, w.s, w.lo, w.hi, w.d); },
-                       [=](std::int64_t n) { return w.out(n); },
-                       "window k" + std::to_string(w.k) + " s" + std::to_string(w.s)});
+    for (auto w : std::vector<Window>{{3, 2, 1, 1, 1},
+                                      {1, 2, 0, 0, 1},
+                                      {2, 2, 0, 0, 1},
+                                      {1, 1, 1, 1, 1},
+                                      {3, 1, 2, 2, 2},
+                                      {5, 3, 0, 0, 1}})
+        out.push_back(
+            {[=](const std::string& b) { return window_axis_name(b, w.k, w.s, w.lo, w.hi, w.d); },
+             [=](std::int64_t n) { return w.out(n); },
+             "window k" + std::to_string(w.k) + " s" + std::to_string(w.s)});
     return out;
 }
 
 TEST(DerivedNames, EqualNamesHaveEqualLengthsForEveryLength) {
     const auto all = steps();
     std::map<std::string, std::pair<std::string, std::vector<std::int64_t>>> seen;
-    std::function<void(const std::string&, std::function<std::int64_t(std::int64_t)>,
-                       std::string, int)>
+    std::function<void(const std::string&, std::function<std::int64_t(std::int64_t)>, std::string,
+                       int)>
         walk = [&](const std::string& name, std::function<std::int64_t(std::int64_t)> len,
                    std::string what, int depth) {
             std::vector<std::int64_t> lens;
@@ -59,17 +64,19 @@ TEST(DerivedNames, EqualNamesHaveEqualLengthsForEveryLength) {
                 << name << ": " << it->second.first << " and " << what << " differ";
             if (depth == 3) return;
             for (const Step& s : all)
-                walk(s.name(name), [len, f = s.len](std::int64_t n) { return f(len(n)); },
-                     what + ", " + s.what, depth + 1);
+                walk(
+                    s.name(name), [len, f = s.len](std::int64_t n) { return f(len(n)); },
+                    what + ", " + s.what, depth + 1);
         };
-    walk("H", [](std::int64_t n) { return n; }, "H", 0);
+    walk(
+        "H", [](std::int64_t n) { return n; }, "H", 0);
     EXPECT_GT(seen.size(), 1000u);
 }
 
 TEST(DerivedNames, MergesAsTheReferenceSays) {
-    EXPECT_EQ(window_axis_name("H", 3, 1, 1, 1, 1), "H");          // "same"
-    EXPECT_EQ(window_axis_name("H", 3, 2, 1, 1, 1), "H[::2]");     // ceil(H / 2)
-    EXPECT_EQ(window_axis_name("H", 2, 2, 0, 0, 1), "H[1::2]");    // floor(H / 2)
+    EXPECT_EQ(window_axis_name("H", 3, 1, 1, 1, 1), "H");       // "same"
+    EXPECT_EQ(window_axis_name("H", 3, 2, 1, 1, 1), "H[::2]");  // ceil(H / 2)
+    EXPECT_EQ(window_axis_name("H", 2, 2, 0, 0, 1), "H[1::2]"); // floor(H / 2)
     EXPECT_EQ(window_axis_name("H", 3, 1, 0, 0, 1), "H[2:]");
     EXPECT_EQ(window_axis_name("H", 1, 1, 1, 1, 1), "H[+2]");
     EXPECT_EQ(window_axis_name("H", 1, 2, 1, 1, 1), "H[+2][::2]");
