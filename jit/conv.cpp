@@ -172,6 +172,108 @@ RaggedTensor forward(const ir::Node& n, const RaggedTensor& x, const RaggedTenso
     return y;
 }
 
+// The input gradient of a strided convolution. Input pixel y receives from tap ky only when
+// (y + lo - ky d) is a multiple of s, which depends on y's phase (y + lo) mod s alone; so the
+// pixels of each image are grouped by (row phase, column phase), and a block of one phase
+// builds a panel of only the taps that reach it (1/s^2 of them for a 3 x 3 kernel and stride 2,
+// instead of a panel mostly of zeros). Each input pixel is still in exactly one block.
+template <class T>
+void strided_input_grad(const Geometry& G, const T* gv, const Structure& gs, const T* w, T* dx,
+                        const Structure& xs) {
+    const Window &wh = G.win.h, &ww = G.win.w;
+    struct Phase {
+        std::int64_t ry, rx;
+        std::vector<std::pair<std::int64_t, std::int64_t>> taps;
+        std::vector<T> wp; // per group [Cin/g][taps Cout/g]
+    };
+    std::vector<Phase> phases;
+    for (std::int64_t ry = 0; ry < wh.s; ++ry)
+        for (std::int64_t rx = 0; rx < ww.s; ++rx) {
+            Phase ph{ry, rx, {}, {}};
+            for (std::int64_t ky = 0; ky < G.kh; ++ky)
+                for (std::int64_t kx = 0; kx < G.kw; ++kx)
+                    if (ky * wh.d % wh.s == ry && kx * ww.d % ww.s == rx)
+                        ph.taps.push_back({ky, kx});
+            const std::int64_t k = std::int64_t(ph.taps.size()) * G.cog;
+            ph.wp.resize(std::size_t(G.win.groups * G.cig * k));
+            for (std::int64_t g = 0; g < G.win.groups; ++g)
+                for (std::int64_t ci = 0; ci < G.cig; ++ci)
+                    for (std::size_t t = 0; t < ph.taps.size(); ++t)
+                        for (std::int64_t co = 0; co < G.cog; ++co)
+                            ph.wp[std::size_t((g * G.cig + ci) * k + std::int64_t(t) * G.cog +
+                                              co)] =
+                                w[(((g * G.cog + co) * G.cig + ci) * G.kh + ph.taps[t].first) *
+                                      G.kw +
+                                  ph.taps[t].second];
+            phases.push_back(std::move(ph));
+        }
+    // The first position of phase r along an axis with padding lo: (y + lo) mod s == r.
+    auto first = [](std::int64_t r, const Window& win) {
+        return ((r - win.lo) % win.s + win.s) % win.s;
+    };
+    auto count = [](std::int64_t f, std::int64_t n, std::int64_t s) {
+        return f >= n ? 0 : (n - f - 1) / s + 1;
+    };
+    struct Blk {
+        std::int64_t sample, phase, begin, count, ny, nx;
+    };
+    std::vector<Blk> blocks;
+    const std::int64_t maxk = G.kh * G.kw * G.cog;
+    const std::int64_t rows = block_rows(maxk, sizeof(T));
+    for (std::int64_t i = 0; i < xs.batch(); ++i)
+        for (std::size_t c = 0; c < phases.size(); ++c) {
+            const std::int64_t ny = count(first(phases[c].ry, wh), xs.size(i, 1), wh.s);
+            const std::int64_t nx = count(first(phases[c].rx, ww), xs.size(i, 2), ww.s);
+            for (std::int64_t b = 0; b < ny * nx; b += rows)
+                blocks.push_back({i, std::int64_t(c), b, std::min(rows, ny * nx - b), ny, nx});
+        }
+    parallel_for(std::int64_t(blocks.size()), 1, [&](std::int64_t b0, std::int64_t b1) {
+        std::vector<T> panel, out;
+        for (std::int64_t bi = b0; bi < b1; ++bi) {
+            const Blk& b = blocks[std::size_t(bi)];
+            const Phase& ph = phases[std::size_t(b.phase)];
+            const Img X = img(xs, b.sample), Y = img(gs, b.sample);
+            const std::int64_t nt = std::int64_t(ph.taps.size()), k = nt * G.cog;
+            const std::int64_t y0 = first(ph.ry, wh), x0 = first(ph.rx, ww);
+            panel.resize(std::size_t(b.count * k));
+            out.resize(std::size_t(b.count * G.cig));
+            for (std::int64_t g = 0; g < G.win.groups; ++g) {
+                for (std::int64_t p = 0; p < b.count; ++p) {
+                    const std::int64_t y = y0 + (b.begin + p) / b.nx * wh.s;
+                    const std::int64_t x = x0 + (b.begin + p) % b.nx * ww.s;
+                    for (std::int64_t t = 0; t < nt; ++t) {
+                        T* dst = panel.data() + p * k + t * G.cog;
+                        const std::int64_t oy =
+                            (y + wh.lo - ph.taps[std::size_t(t)].first * wh.d) / wh.s;
+                        const std::int64_t ox =
+                            (x + ww.lo - ph.taps[std::size_t(t)].second * ww.d) / ww.s;
+                        const bool ok = y + wh.lo - ph.taps[std::size_t(t)].first * wh.d >= 0 &&
+                                        x + ww.lo - ph.taps[std::size_t(t)].second * ww.d >= 0 &&
+                                        oy < Y.h && ox < Y.w;
+                        if (ok)
+                            std::memcpy(dst, gv + Y.base + (oy * Y.w + ox) * Y.c + g * G.cog,
+                                        std::size_t(G.cog) * sizeof(T));
+                        else
+                            std::fill(dst, dst + G.cog, T(0));
+                    }
+                }
+                if (k > 0)
+                    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b.count), int(G.cig), int(k),
+                         T(1), panel.data(), int(k), ph.wp.data() + g * G.cig * k, int(k),
+                         out.data(), int(G.cig));
+                else
+                    std::fill(out.begin(), out.end(), T(0));
+                for (std::int64_t p = 0; p < b.count; ++p) {
+                    const std::int64_t y = y0 + (b.begin + p) / b.nx * wh.s;
+                    const std::int64_t x = x0 + (b.begin + p) % b.nx * ww.s;
+                    std::memcpy(dx + X.base + (y * X.w + x) * X.c + g * G.cig,
+                                out.data() + p * G.cig, std::size_t(G.cig) * sizeof(T));
+                }
+            }
+        }
+    });
+}
+
 template <class T>
 RaggedTensor input_grad(const ir::Node& n, const RaggedTensor& g, const RaggedTensor& w,
                         const RaggedTensor& x) {
@@ -183,6 +285,9 @@ RaggedTensor input_grad(const ir::Node& n, const RaggedTensor& g, const RaggedTe
         gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(x.structure().rows()), int(G.cin),
              int(G.cout), T(1), gv, int(G.cout), static_cast<const T*>(w.data()), int(G.cin), out,
              int(G.cin));
+    else if (G.win.h.s > 1 || G.win.w.s > 1)
+        strided_input_grad(G, gv, g.structure(), static_cast<const T*>(w.data()), out,
+                           x.structure());
     else
         implicit_gemm(G, false, gv, g.structure(),
                       pack_weight(G, static_cast<const T*>(w.data()), false), out, x.structure());
