@@ -28,9 +28,10 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--channels-last", action="store_true")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
+torch.set_flush_denormal(True)  # the same speed whatever tiny values the init makes
 d = np.load(a.dump)
 P = {k[2:]: torch.tensor(d[k], requires_grad=True) for k in d.files if k.startswith("p.")}
-hw = [tuple(v) for v in d["hw"]]
+hw = [tuple(int(v) for v in r) for r in d["hw"]]
 x = torch.tensor(d["x"])
 fmt = torch.channels_last if a.channels_last else torch.contiguous_format
 x = x.contiguous(memory_format=fmt)
