@@ -17,9 +17,12 @@ struct DimExpr {
     std::string name;        // symbolic, ragged (without the ~)
     // `~N[1:]`: the axis slicing ~N makes, as written; the loader folds them into `name` with
     // the canonical derived name (frontend/lower.cpp).
+    // `~H[+2]` (grown by 2) and `~H[*2]` (scaled by 2) name what convolutions and upsampling
+    // make (ir/ops/derived_names.hpp).
     struct Slice {
         std::optional<std::int64_t> lo, hi;
         std::int64_t step = 1;
+        std::optional<std::int64_t> grow, scale;
     };
     std::vector<Slice> slices;
     Span span;
@@ -75,7 +78,8 @@ struct Expr {
         call,   // operands[0] is the callee (a name, or a call: value_and_grad(f, wrt=p)(x)), args
         index,  // operands[0][items]
         member, // operands[0].name
-        tuple   // (a, b, ...): operands
+        tuple,  // (a, b, ...): operands
+        string  // "same": name holds the text (an argument of builtins that name choices)
     } kind = Kind::name;
     Span span;
     std::int64_t ival = 0;

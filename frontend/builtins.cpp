@@ -381,6 +381,75 @@ LV clip_norm(Lowerer& L, const ast::Expr& call) {
     return r;
 }
 
+// An int or a pair of ints (`stride=2`, `stride=(2, 1)`): [along H, along W].
+std::vector<std::int64_t> pair_attr(Lowerer& L, const ast::Expr& e, const char* what) {
+    if (e.kind == ast::Expr::Kind::tuple) {
+        if (e.operands.size() != 2)
+            L.error(e.span, std::string(what) + " takes one integer or a pair (along H, along W)");
+        return {int_attr(L, *e.operands[0], what), int_attr(L, *e.operands[1], what)};
+    }
+    const std::int64_t v = int_attr(L, e, what);
+    return {v, v};
+}
+
+// conv2d(x, w, bias=, stride=1, padding=0, dilation=1, groups=1); padding is an int, a pair, or
+// "same" (stride 1; PyTorch's split of d (k - 1): the smaller half before).
+LV conv2d(Lowerer& L, const ast::Expr& call) {
+    Args a = match(L, call, "conv2d",
+                   {"x", "w", "bias?", "stride?", "padding?", "dilation?", "groups?"});
+    std::vector<int> ins{L.tensor(*a.get("x")), L.tensor(*a.get("w"))};
+    if (a.get("bias")) ins.push_back(L.tensor(*a.get("bias")));
+    Attrs at;
+    const auto stride = a.get("stride") ? pair_attr(L, *a.get("stride"), "stride")
+                                        : std::vector<std::int64_t>{1, 1};
+    const auto dil = a.get("dilation") ? pair_attr(L, *a.get("dilation"), "dilation")
+                                       : std::vector<std::int64_t>{1, 1};
+    std::vector<std::int64_t> pad{0, 0, 0, 0};
+    if (const ast::Expr* p = a.get("padding")) {
+        if (p->kind == ast::Expr::Kind::string) {
+            if (p->name != "same")
+                L.error(p->span,
+                        "padding must be an integer, a pair or \"same\", got \"" + p->name + "\"");
+            if (stride[0] != 1 || stride[1] != 1)
+                L.error(p->span, "padding=\"same\" needs stride 1 (as in PyTorch)");
+            const Schema& w = L.builder().function().type(ins[1]);
+            if (w.shape.batched || w.shape.axes.size() != 4 ||
+                w.shape.axes[2].kind != AxisKind::fixed || w.shape.axes[3].kind != AxisKind::fixed)
+                L.error(
+                    a.get("w")->span,
+                    "conv2d: the weight must be a dense [Cout, Cin/groups, kh, kw] array, got " +
+                        w.str());
+            for (int d = 0; d < 2; ++d) {
+                const std::int64_t total =
+                    dil[std::size_t(d)] * (w.shape.axes[std::size_t(2 + d)].extent - 1);
+                pad[std::size_t(2 * d)] = total / 2;
+                pad[std::size_t(2 * d + 1)] = total - total / 2;
+            }
+        } else {
+            auto p2 = pair_attr(L, *p, "padding");
+            pad = {p2[0], p2[0], p2[1], p2[1]};
+        }
+    }
+    at.set("stride", stride);
+    at.set("padding", pad);
+    at.set("dilation", dil);
+    at.set("groups", a.get("groups") ? int_attr(L, *a.get("groups"), "groups") : 1);
+    return LV::tensor(L.op(call.span, "conv2d", ins, at));
+}
+
+// max_pool2d / avg_pool2d(x, k, stride=k, padding=0).
+LV pool2d(Lowerer& L, const ast::Expr& call, const std::string& op) {
+    Args a = match(L, call, op, {"x", "k", "stride?", "padding?"});
+    Attrs at;
+    const auto k = pair_attr(L, *a.get("k"), "k");
+    at.set("kernel", k);
+    at.set("stride", a.get("stride") ? pair_attr(L, *a.get("stride"), "stride") : k);
+    const auto p = a.get("padding") ? pair_attr(L, *a.get("padding"), "padding")
+                                    : std::vector<std::int64_t>{0, 0};
+    at.set("padding", std::vector<std::int64_t>{p[0], p[0], p[1], p[1]});
+    return LV::tensor(L.op(call.span, op, {L.tensor(*a.get("x"))}, at));
+}
+
 const std::map<std::string, Builtin, std::less<>>& table() {
     static const std::map<std::string, Builtin, std::less<>> t = [] {
         std::map<std::string, Builtin, std::less<>> m;
@@ -396,7 +465,28 @@ const std::map<std::string, Builtin, std::less<>>& table() {
         m["where"] = where;
         for (const char* r : {"sum", "mean", "max", "min"})
             m[r] = [op = std::string(r)](Lowerer& L, const ast::Expr& c) {
-                return simple(L, c, op, {"x"}, {{"axis", 'i'}});
+                Args a = match(L, c, op, {"x", "axis?"});
+                const ast::Expr* ax = a.get("axis");
+                if (!ax || ax->kind != ast::Expr::Kind::tuple)
+                    return simple(L, c, op, {"x"}, {{"axis", 'i'}});
+                // axis=(2, 3): one axis after another, the last first so the others keep their
+                // numbers; exact for mean too, as every sample is a rectangle over its axes.
+                int x = L.tensor(*a.get("x"));
+                const int rank = L.builder().function().type(x).shape.logical_rank();
+                std::vector<std::int64_t> axes;
+                for (const auto& e : ax->operands) {
+                    std::int64_t v = int_attr(L, *e, "axis");
+                    axes.push_back(v < 0 ? v + rank : v);
+                }
+                std::sort(axes.rbegin(), axes.rend());
+                if (axes.empty() || std::adjacent_find(axes.begin(), axes.end()) != axes.end())
+                    L.error(ax->span, op + ": axis=(...) needs distinct axes");
+                for (std::int64_t v : axes) {
+                    Attrs at;
+                    at.set("axis", v);
+                    x = L.op(c.span, op, {x}, at);
+                }
+                return LV::tensor(x);
             };
         for (const char* r : {"softmax", "logsumexp"})
             m[r] = [op = std::string(r)](Lowerer& L, const ast::Expr& c) {
@@ -473,6 +563,23 @@ const std::map<std::string, Builtin, std::less<>>& table() {
             if (auto* e = a.get("causal")) at.set("causal", bool_attr(L, *e, "causal"));
             if (auto* e = a.get("scale")) at.set("scale", L.constant(*e, "scale"));
             return LV::tensor(L.op(c.span, "relpos_attention", ins, at));
+        };
+        m["conv2d"] = conv2d;
+        for (const char* p : {"max_pool2d", "avg_pool2d"})
+            m[p] = [op = std::string(p)](Lowerer& L, const ast::Expr& c) {
+                return pool2d(L, c, op);
+            };
+        m["upsample2d"] = [](Lowerer& L, const ast::Expr& c) {
+            Args a = match(L, c, "upsample2d", {"x", "scale?"});
+            Attrs at;
+            at.set("scale", a.get("scale") ? int_attr(L, *a.get("scale"), "scale") : 2);
+            return LV::tensor(L.op(c.span, "upsample2d", {L.tensor(*a.get("x"))}, at));
+        };
+        m["patches"] = [](Lowerer& L, const ast::Expr& c) {
+            Args a = match(L, c, "patches", {"x", "p"});
+            Attrs at;
+            at.set("size", int_attr(L, *a.get("p"), "p"));
+            return LV::tensor(L.op(c.span, "patches", {L.tensor(*a.get("x"))}, at));
         };
         m["sgd"] = sgd;
         m["adam"] = adam;

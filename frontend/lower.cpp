@@ -4,6 +4,7 @@
 #include "frontend/parser.hpp"
 #include "frontend/validate.hpp"
 #include "ir/autodiff.hpp"
+#include "ir/ops/derived_names.hpp"
 #include "ir/ops/index_plan.hpp"
 #include "runtime/error.hpp"
 
@@ -396,6 +397,18 @@ void fold_slices(ast::TypeExpr& t, const SourceFile* src, Diagnostics& diags) {
     for (auto& e : t.elems) fold_slices(e, src, diags);
     for (auto& d : t.dims) {
         for (const auto& sl : d.slices) {
+            if (sl.grow) {
+                d.name = grow_axis_name(d.name, *sl.grow);
+                continue;
+            }
+            if (sl.scale) {
+                if (*sl.scale < 1) {
+                    diags.error(d.span, "a scale must be a positive integer", src);
+                    break;
+                }
+                d.name = scale_axis_name(d.name, *sl.scale);
+                continue;
+            }
             if (sl.step < 1) {
                 diags.error(
                     d.span,
@@ -849,6 +862,9 @@ LV Lowerer::expr(const ast::Expr& e) {
         }
         error(e.span, "'." + e.name + "' needs a params value, got " + type_of(base).str());
     }
+    case K::string:
+        error(e.span, "a string is only an argument of a builtin that names its choices, such "
+                      "as conv2d's padding=\"same\"");
     case K::tuple: {
         LV t;
         t.kind = LV::Kind::tuple;

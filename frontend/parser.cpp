@@ -418,6 +418,11 @@ auto literal_bool(bool b) {
     };
 }
 
+auto const string_expr = [](auto& ctx) {
+    x3::_val(ctx).e.kind = ast::Expr::Kind::string;
+    x3::_val(ctx).e.name = std::move(x3::_attr(ctx));
+};
+
 auto const name_expr = [](auto& ctx) {
     x3::_val(ctx).e.kind = ast::Expr::Kind::name;
     x3::_val(ctx).e.name = std::move(x3::_attr(ctx));
@@ -490,7 +495,7 @@ auto const postfix_def =
             *(call_suffix[apply_call] | index_suffix[apply_index] | member_suffix[apply_member])];
 auto const primary_def =
     spanned[number[set] | kw("true")[literal_bool(true)] | kw("false")[literal_bool(false)] |
-            ident[name_expr] |
+            ident[name_expr] | string_lit[string_expr] |
             ((x3::lit('(') > operand("an expression after '('", expr)[set]) >
              -(x3::lit(',')[to_tuple] >> -((expr[push_elem] % ',') >> -x3::lit(','))) >
              named("')' to close the parentheses", ')'))];
@@ -550,9 +555,11 @@ auto const member_suffix_def =
 // name per length rule, so `~N[:-1]` is `~N[1:]`).
 using DimSlice = ast::DimExpr::Slice;
 auto const axis_slice = x3::rule<struct axis_slice_id, DimSlice>{"a slice"} =
+    (x3::lit('+') >> uint_[act([](DimSlice& s, std::int64_t v) { s.grow = v; })]) |
+    (x3::lit('*') >> uint_[act([](DimSlice& s, std::int64_t v) { s.scale = v; })]) |
     -sint_[act([](DimSlice& s, std::int64_t v) { s.lo = v; })] >> x3::lit(':') >>
-    -sint_[act([](DimSlice& s, std::int64_t v) { s.hi = v; })] >>
-    -(x3::lit(':') >> sint_[act([](DimSlice& s, std::int64_t v) { s.step = v; })]);
+        -sint_[act([](DimSlice& s, std::int64_t v) { s.hi = v; })] >>
+        -(x3::lit(':') >> sint_[act([](DimSlice& s, std::int64_t v) { s.step = v; })]);
 using Dim = ast::DimExpr::Kind;
 using Type = ast::TypeExpr::Kind;
 auto const dim_def =
@@ -563,9 +570,10 @@ auto const dim_def =
                                                 ident)[act([](ast::DimExpr& d, std::string& s) {
                   d.kind = Dim::ragged, d.name = std::move(s);
               })]) >>
-             *(x3::lit('[') > named<DimSlice>("a slice such as 1: or :-1", axis_slice)[act(
-                                  [](ast::DimExpr& d, DimSlice& s) { d.slices.push_back(s); })] >
-               named("']' to close the slice", ']'))) |
+             *(x3::lit('[') > named<DimSlice>("a slice such as 1:, :-1, ::2, +2 or *2",
+                                              axis_slice)[act([](ast::DimExpr& d, DimSlice& s) {
+                   d.slices.push_back(s);
+               })] > named("']' to close the slice", ']'))) |
             ident[act([](ast::DimExpr& d, std::string& s) {
                 d.kind = Dim::symbolic, d.name = std::move(s);
             })]];

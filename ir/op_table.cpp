@@ -17,6 +17,7 @@ const OpTable& OpTable::builtin() {
         register_attention_ops(t);
         register_relpos_ops(t);
         register_gather_ops(t);
+        register_image_ops(t);
         return t;
     }();
     return table;

@@ -100,5 +100,6 @@ void register_nn_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_relpos_ops(OpTable& t);
 void register_gather_ops(OpTable& t);
+void register_image_ops(OpTable& t);
 
 } // namespace rag

@@ -4,6 +4,7 @@
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
 #include "jit/blas.hpp"
+#include "jit/conv.hpp"
 #include "jit/elementwise_llvm.hpp"
 #include "jit/gather.hpp"
 #include "jit/gemm_programs.hpp"
@@ -333,6 +334,9 @@ bool run_host_step(const ir::Function& f, const Step& s, std::vector<RaggedTenso
         return true;
     case Step::Kind::gather:
         out = run_gather_step(n, vals);
+        return true;
+    case Step::Kind::image:
+        out = run_image_step(n, vals);
         return true;
     case Step::Kind::rowwise:
         run_rowwise(f, s.index, s.also, vals);

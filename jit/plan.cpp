@@ -2,6 +2,7 @@
 
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
+#include "jit/conv.hpp"
 #include "jit/gather.hpp"
 #include "jit/layout.hpp"
 #include "jit/rowwise.hpp"
@@ -144,6 +145,7 @@ Plan make_plan(const ir::Function& f) {
                            : is_segmented(f, n)                    ? Step::Kind::segmented
                            : layout_kind(f, n) != LayoutKind::none ? Step::Kind::layout
                            : is_gather_step(n)                     ? Step::Kind::gather
+                           : is_image_step(f, n)                   ? Step::Kind::image
                                                                    : Step::Kind::reference,
                            int(i),
                            {}});
@@ -180,7 +182,8 @@ std::string print(const Plan& p, const ir::Function& f) {
                    : s.kind == Step::Kind::attention ? "attention %"
                    : s.kind == Step::Kind::gather
                        ? (n.op == "positions" ? "positions %" : "gather    %")
-                   : s.kind == Step::Kind::relpos    ? "relpos    %"
+                   : s.kind == Step::Kind::relpos ? "relpos    %"
+                   : s.kind == Step::Kind::image  ? "image     %"
                    : s.kind == Step::Kind::layout
                        ? (layout_kind(f, n) == LayoutKind::view    ? "view      %"
                           : layout_kind(f, n) == LayoutKind::slice ? "slice     %"

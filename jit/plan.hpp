@@ -6,10 +6,10 @@
 // layernorm/rmsnorm and their gradients as row loops (jit/rowwise.hpp); attention and its gradients
 // as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose/reshape that move
 // no data or whole rows as views or row copies (jit/layout.hpp); gather, gather_grad and positions
-// as row-copy and row-sum loops (jit/gather.hpp); relpos_attention and its gradients as fused tile
-// programs (jit/relpos.hpp; f64 runs the reference, as the programs compute in f32); every other
-// op runs its reference kernel.
-// This header knows nothing of LLVM.
+// as row-copy and row-sum loops (jit/gather.hpp); conv2d, pooling, upsample2d, patches and their
+// gradients as implicit GEMMs and pixel loops (jit/conv.hpp); relpos_attention and its gradients as
+// fused tile programs (jit/relpos.hpp; f64 runs the reference, as the programs compute in f32);
+// every other op runs its reference kernel. This header knows nothing of LLVM.
 #pragma once
 #include "ir/ir.hpp"
 
@@ -40,7 +40,18 @@ struct FusedGroup {
 };
 
 struct Step {
-    enum class Kind { fused, gemm, segmented, rowwise, attention, layout, gather, relpos, reference } kind;
+    enum class Kind {
+        fused,
+        gemm,
+        segmented,
+        rowwise,
+        attention,
+        layout,
+        gather,
+        image,
+        relpos,
+        reference
+    } kind;
     int index;             // the group (fused) or the IR node (the others)
     std::vector<int> also; // rowwise, attention: sibling gradient nodes the same pass computes
 };

@@ -179,13 +179,13 @@ std::vector<Axis> parse_axes(std::string_view spec) {
             ++i;
         std::string tok(spec.substr(start, i - start));
         if (tok.empty()) fail("axis spec '", spec, "': expected an axis at column ", start + 1);
-        // Derived names of sliced axes: N[1:], N[:3], N[1::2], N[1:][1:].
+        // Derived names: N[1:], N[:3], N[1::2], N[:3][1:]; H[+2] and H[*2] (image ops).
         while (i < spec.size() && spec[i] == '[' &&
                !std::isdigit(static_cast<unsigned char>(tok[0]))) {
             auto close = spec.find(']', i);
             auto body = spec.substr(i + 1, close == std::string_view::npos ? 0 : close - i - 1);
             if (close == std::string_view::npos ||
-                body.find_first_not_of("0123456789:-") != std::string_view::npos)
+                body.find_first_not_of("0123456789:-+*") != std::string_view::npos)
                 fail("axis spec '", spec, "': bad derived axis name at column ", i + 1);
             tok += spec.substr(i, close - i + 1);
             i = close + 1;

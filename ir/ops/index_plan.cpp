@@ -1,5 +1,7 @@
 #include "ir/ops/index_plan.hpp"
 
+#include "ir/ops/derived_names.hpp"
+
 #include "runtime/error.hpp"
 
 #include <algorithm>
@@ -76,6 +78,8 @@ std::string derived_axis_name(const std::string& base, const AxisSelect& s) {
     // Canonical forms by length function: "k:" -> N - k, ":k" -> min(N, k). Omitted bounds and
     // a zero start are the same; anything else is written literally.
     const std::int64_t lo = s.lo.value_or(0);
+    // "k:" and "k::s" compose with the derivations before them (derived_names.hpp).
+    if (!s.hi && lo >= 0) return slice_axis_name(base, lo, s.step);
     std::string body;
     if (!s.hi) {
         if (lo >= 0)

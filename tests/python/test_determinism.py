@@ -27,6 +27,9 @@ LENGTHS = {
     "bert.rag": [150, 200, 137, 180],
     "gpt.rag": [150, 200, 137, 180],
     "seq2seq.rag": [150, 200, 137, 180],
+    # Images: heights; widths are the heights reversed (several GEMM blocks per image).
+    "fcn.rag": [40, 64, 24, 52],
+    "vit.rag": [32, 80, 48, 64],
 }
 
 
@@ -55,7 +58,15 @@ def run_child():
             rng = np.random.default_rng(7)
             args = []
             for a, t in zip(names, types):
-                if t.startswith("f32[B"):
+                if t.startswith("f32[B, 3, ~H, ~W]"):  # images, widths the heights reversed
+                    args.append(rag.ragged([rng.standard_normal((3, h, w)).astype(np.float32)
+                                            for h, w in zip(lengths, lengths[::-1])],
+                                           ragged_axes=[1, 2]))
+                elif t.startswith("i64[B, ~H"):  # per-pixel labels at 4 ceil(side / 4)
+                    args.append(rag.ragged([rng.integers(0, 4, (-(-h // 4) * 4, -(-w // 4) * 4))
+                                            for h, w in zip(lengths, lengths[::-1])],
+                                           ragged_axes=[0, 1]))
+                elif t.startswith("f32[B"):
                     width = int(t.rstrip("]").split(",")[-1])
                     n = lengths if a == "x" else [max(1, k // 2) for k in lengths]
                     args.append(rag.ragged([rng.standard_normal((k, width)).astype(np.float32)
@@ -93,7 +104,7 @@ def child(rag_threads, blas_threads):
 
 def test_every_example_gradient_is_bitwise_equal_across_thread_counts():
     base = child(1, 1)
-    assert len(base) == 10  # every loss of every example ran
+    assert len(base) == 12  # every loss of every example ran
     for rag_threads, blas_threads in [(2, 1), (3, 1), (1, 2), (3, 2)]:
         got = child(rag_threads, blas_threads)
         differ = [f"{fn}.{k}" for fn in base for k in base[fn] if got[fn][k] != base[fn][k]]

@@ -1,0 +1,27 @@
+"""Renders bench/results/images.jsonl as a markdown table: ms/step (median) and peak RSS growth
+per model, profile, pass and system, with rag ragged's speedup over each padded peer."""
+import json
+import sys
+
+rows, meta = [], {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("meta"):
+        meta.update(r)
+    else:
+        rows.append(r)
+print(f"# Image benchmark (issue 16)\n\ncommit {meta.get('commit')}"
+      f"{' (dirty tree)' if meta.get('dirty') else ''}, {meta.get('date')}, {meta.get('cpu')}, "
+      f"{meta.get('threads')} threads, median of {meta.get('calls')} timed calls after a warm-up; "
+      f"load average {meta.get('loadavg_start')} -> {meta.get('loadavg_end')} (a shared, noisy "
+      f"machine). B = 8; rag padded is not measured (the image ops do not run padded yet).\n")
+print("| model | profile | rho_image | pass | system | ms/step | peak RSS growth MiB "
+      "| rag ragged speedup |")
+print("|---|---|---|---|---|---|---|---|")
+key = lambda r: (r["model"], r["profile"], r["fwd"])  # noqa: E731
+rag = {key(r): r["ms_step"] for r in rows if r["system"] == "rag-ragged"}
+for r in rows:
+    sp = rag.get(key(r))
+    speed = "" if r["system"] == "rag-ragged" or not sp else f"{r['ms_step'] / sp:.2f}x"
+    print(f"| {r['model']} | {r['profile']} | {r['rho_image']} | {'fwd' if r['fwd'] else 'train'} "
+          f"| {r['system']} | {r['ms_step']} | {r['peak_rss_bytes'] / 2**20:.1f} | {speed} |")

@@ -1,0 +1,413 @@
+// conv2d on packed images as an implicit GEMM. Each sample is H x W pixel rows of C values.
+// The forward pass cuts each sample's output pixels into blocks; a block builds its panel
+// (one row per output pixel: the kh kw taps times Cin/groups channels, read from its own image,
+// zero outside it) and multiplies it by the weight, repacked once per call to
+// [Cout][kh][kw][Cin/g], with one single-threaded GEMM per group. The input gradient is the same
+// program read the other way: a block of *input* pixels gathers, per tap, the output pixel that
+// read it (none where the stride skips it), so every input pixel has one owner and no sums cross
+// threads. The weight gradient is panel^T dY per block, added in double into 16 partial sums, each
+// owning a fixed run of blocks, then added in order. 1 x 1 convolutions (stride 1, no padding)
+// are plain GEMMs over the packed pixels.
+#include "jit/conv.hpp"
+
+#include "ir/ops/image_plan.hpp"
+#include "jit/blas.hpp"
+#include "jit/placement.hpp"
+#include "jit/uninitialized.hpp"
+#include "runtime/error.hpp"
+#include "runtime/parallel.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace rag::jit {
+namespace {
+
+struct Img {
+    std::int64_t base, h, w, c; // base in elements
+};
+
+Img img(const Structure& st, std::int64_t i) {
+    return {st.sample_begin(i), st.size(i, 1), st.size(i, 2), st.size(i, 0)};
+}
+
+// A block of pixels of one sample.
+struct Block {
+    std::int64_t sample, begin, count;
+};
+
+// Each sample's pixels (of structure st) in blocks of at most `rows`: a function of sizes only.
+std::vector<Block> blocks(const Structure& st, std::int64_t rows) {
+    std::vector<Block> out;
+    for (std::int64_t i = 0; i < st.batch(); ++i) {
+        const std::int64_t n = st.size(i, 1) * st.size(i, 2);
+        for (std::int64_t b = 0; b < n; b += rows) out.push_back({i, b, std::min(rows, n - b)});
+    }
+    return out;
+}
+
+// Panel rows of about 256 KiB.
+std::int64_t block_rows(std::int64_t k, std::size_t elem) {
+    return std::clamp<std::int64_t>(std::int64_t(262144 / (std::size_t(k) * elem)), 16, 1024);
+}
+
+struct Geometry {
+    Window2d win;
+    std::int64_t cout, cin, cig, cog, kh, kw;
+    bool pointwise() const {
+        const Window &h = win.h, &w = win.w;
+        return kh == 1 && kw == 1 && h.s == 1 && w.s == 1 && h.lo + h.hi + w.lo + w.hi == 0 &&
+               win.groups == 1;
+    }
+};
+
+Geometry geometry(const ir::Node& n, const RaggedTensor& w) {
+    const Structure& s = w.structure();
+    Geometry g;
+    g.win = conv_window(n.attrs, s.size(0, 2), s.size(0, 3));
+    g.cout = s.size(0, 0), g.cig = s.size(0, 1), g.kh = s.size(0, 2), g.kw = s.size(0, 3);
+    g.cin = g.cig * g.win.groups, g.cog = g.cout / g.win.groups;
+    return g;
+}
+
+// The weight as, per group, [rows][kh kw cols] with element (r, tap, c) =
+// w[g cog + (fwd ? r : c)][fwd ? c : r][ky][kx]: forward rows are output channels, columns input
+// channels; backward the other way round.
+template <class T> std::vector<T> pack_weight(const Geometry& G, const T* w, bool fwd) {
+    const std::int64_t rows = fwd ? G.cog : G.cig, cols = fwd ? G.cig : G.cog;
+    const std::int64_t taps = G.kh * G.kw, k = taps * cols;
+    std::vector<T> out(std::size_t(G.win.groups * rows * k));
+    for (std::int64_t g = 0; g < G.win.groups; ++g)
+        for (std::int64_t r = 0; r < rows; ++r)
+            for (std::int64_t t = 0; t < taps; ++t)
+                for (std::int64_t c = 0; c < cols; ++c) {
+                    const std::int64_t co = g * G.cog + (fwd ? r : c), ci = fwd ? c : r;
+                    out[std::size_t((g * rows + r) * k + t * cols + c)] =
+                        w[((co * G.cig + ci) * G.kh) * G.kw + t];
+                }
+    return out;
+}
+
+// Builds the panel of a block of destination pixels for group g: row p, tap t holds `cols`
+// source channels starting at g cols of the source pixel src(dest pixel, t), or zeros when there
+// is none. fwd: the source is the input read by an output pixel; else the output pixel that read
+// an input pixel.
+template <class T>
+void build_panel(const Geometry& G, bool fwd, const T* src, const Img& S, const Img& D,
+                 const Block& b, std::int64_t g, T* panel) {
+    const std::int64_t cols = fwd ? G.cig : G.cog, taps = G.kh * G.kw, k = taps * cols;
+    const Window &wh = G.win.h, &ww = G.win.w;
+    for (std::int64_t p = 0; p < b.count; ++p) {
+        const std::int64_t y = (b.begin + p) / D.w, x = (b.begin + p) % D.w;
+        T* row = panel + p * k;
+        for (std::int64_t ky = 0; ky < G.kh; ++ky)
+            for (std::int64_t kx = 0; kx < G.kw; ++kx) {
+                T* dst = row + (ky * G.kw + kx) * cols;
+                std::int64_t sy, sx;
+                bool ok;
+                if (fwd) {
+                    sy = wh.in(y, ky), sx = ww.in(x, kx);
+                    ok = true;
+                } else { // the output pixel o with o s - lo + t d = input position
+                    const std::int64_t ny = y + wh.lo - ky * wh.d, nx = x + ww.lo - kx * ww.d;
+                    ok = ny >= 0 && nx >= 0 && ny % wh.s == 0 && nx % ww.s == 0;
+                    sy = ny / wh.s, sx = nx / ww.s;
+                }
+                if (ok && sy >= 0 && sy < S.h && sx >= 0 && sx < S.w)
+                    std::memcpy(dst, src + S.base + (sy * S.w + sx) * S.c + g * cols,
+                                std::size_t(cols) * sizeof(T));
+                else
+                    std::fill(dst, dst + cols, T(0));
+            }
+    }
+}
+
+// Forward (fwd) or input gradient: dest[pixel, g rows + r] = panel x packed weight^T.
+template <class T>
+void implicit_gemm(const Geometry& G, bool fwd, const T* src, const Structure& ss,
+                   const std::vector<T>& wp, T* dst, const Structure& ds) {
+    const std::int64_t cols = fwd ? G.cig : G.cog, rows = fwd ? G.cog : G.cig;
+    const std::int64_t k = G.kh * G.kw * cols, dc = fwd ? G.cout : G.cin;
+    const std::vector<Block> bl = blocks(ds, block_rows(k, sizeof(T)));
+    parallel_for(std::int64_t(bl.size()), 1, [&](std::int64_t b0, std::int64_t b1) {
+        std::vector<T> panel;
+        for (std::int64_t bi = b0; bi < b1; ++bi) {
+            const Block& b = bl[std::size_t(bi)];
+            const Img S = img(ss, b.sample), D = img(ds, b.sample);
+            panel.resize(std::size_t(b.count * k));
+            for (std::int64_t g = 0; g < G.win.groups; ++g) {
+                build_panel(G, fwd, src, S, D, b, g, panel.data());
+                gemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b.count), int(rows), int(k), T(1),
+                     panel.data(), int(k), wp.data() + g * rows * k, int(k),
+                     dst + D.base + b.begin * dc + g * rows, int(dc));
+            }
+        }
+    });
+}
+
+template <class T>
+RaggedTensor forward(const ir::Node& n, const RaggedTensor& x, const RaggedTensor& w,
+                     const RaggedTensor* bias) {
+    const Geometry G = geometry(n, w);
+    RaggedTensor y =
+        uninitialized(x.dtype(), window_structure(n.type.shape, x.structure(), G.win, G.cout));
+    T* out = static_cast<T*>(y.mutable_data());
+    const T* in = static_cast<const T*>(x.data());
+    if (G.pointwise())
+        gemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(x.structure().rows()), int(G.cout),
+             int(G.cin), T(1), in, int(G.cin), static_cast<const T*>(w.data()), int(G.cin), out,
+             int(G.cout));
+    else
+        implicit_gemm(G, true, in, x.structure(),
+                      pack_weight(G, static_cast<const T*>(w.data()), true), out, y.structure());
+    if (bias) {
+        const T* bv = static_cast<const T*>(bias->data());
+        const std::int64_t c = G.cout;
+        parallel_for(y.structure().rows(), std::max<std::int64_t>(1, 16384 / c),
+                     [&](std::int64_t r0, std::int64_t r1) {
+                         for (std::int64_t r = r0; r < r1; ++r)
+                             for (std::int64_t k = 0; k < c; ++k) out[r * c + k] += bv[k];
+                     });
+    }
+    return y;
+}
+
+// The input gradient of a strided convolution. Input pixel y receives from tap ky only when
+// (y + lo - ky d) is a multiple of s, which depends on y's phase (y + lo) mod s alone; so the
+// pixels of each image are grouped by (row phase, column phase), and a block of one phase
+// builds a panel of only the taps that reach it (1/s^2 of them for a 3 x 3 kernel and stride 2,
+// instead of a panel mostly of zeros). Each input pixel is still in exactly one block.
+template <class T>
+void strided_input_grad(const Geometry& G, const T* gv, const Structure& gs, const T* w, T* dx,
+                        const Structure& xs) {
+    const Window &wh = G.win.h, &ww = G.win.w;
+    struct Phase {
+        std::int64_t ry, rx;
+        std::vector<std::pair<std::int64_t, std::int64_t>> taps;
+        std::vector<T> wp; // per group [Cin/g][taps Cout/g]
+    };
+    std::vector<Phase> phases;
+    for (std::int64_t ry = 0; ry < wh.s; ++ry)
+        for (std::int64_t rx = 0; rx < ww.s; ++rx) {
+            Phase ph{ry, rx, {}, {}};
+            for (std::int64_t ky = 0; ky < G.kh; ++ky)
+                for (std::int64_t kx = 0; kx < G.kw; ++kx)
+                    if (ky * wh.d % wh.s == ry && kx * ww.d % ww.s == rx)
+                        ph.taps.push_back({ky, kx});
+            const std::int64_t k = std::int64_t(ph.taps.size()) * G.cog;
+            ph.wp.resize(std::size_t(G.win.groups * G.cig * k));
+            for (std::int64_t g = 0; g < G.win.groups; ++g)
+                for (std::int64_t ci = 0; ci < G.cig; ++ci)
+                    for (std::size_t t = 0; t < ph.taps.size(); ++t)
+                        for (std::int64_t co = 0; co < G.cog; ++co)
+                            ph.wp[std::size_t((g * G.cig + ci) * k + std::int64_t(t) * G.cog +
+                                              co)] =
+                                w[(((g * G.cog + co) * G.cig + ci) * G.kh + ph.taps[t].first) *
+                                      G.kw +
+                                  ph.taps[t].second];
+            phases.push_back(std::move(ph));
+        }
+    // The first position of phase r along an axis with padding lo: (y + lo) mod s == r.
+    auto first = [](std::int64_t r, const Window& win) {
+        return ((r - win.lo) % win.s + win.s) % win.s;
+    };
+    auto count = [](std::int64_t f, std::int64_t n, std::int64_t s) {
+        return f >= n ? 0 : (n - f - 1) / s + 1;
+    };
+    struct Blk {
+        std::int64_t sample, phase, begin, count, ny, nx;
+    };
+    std::vector<Blk> blocks;
+    const std::int64_t maxk = G.kh * G.kw * G.cog;
+    const std::int64_t rows = block_rows(maxk, sizeof(T));
+    for (std::int64_t i = 0; i < xs.batch(); ++i)
+        for (std::size_t c = 0; c < phases.size(); ++c) {
+            const std::int64_t ny = count(first(phases[c].ry, wh), xs.size(i, 1), wh.s);
+            const std::int64_t nx = count(first(phases[c].rx, ww), xs.size(i, 2), ww.s);
+            for (std::int64_t b = 0; b < ny * nx; b += rows)
+                blocks.push_back({i, std::int64_t(c), b, std::min(rows, ny * nx - b), ny, nx});
+        }
+    parallel_for(std::int64_t(blocks.size()), 1, [&](std::int64_t b0, std::int64_t b1) {
+        std::vector<T> panel, out;
+        for (std::int64_t bi = b0; bi < b1; ++bi) {
+            const Blk& b = blocks[std::size_t(bi)];
+            const Phase& ph = phases[std::size_t(b.phase)];
+            const Img X = img(xs, b.sample), Y = img(gs, b.sample);
+            const std::int64_t nt = std::int64_t(ph.taps.size()), k = nt * G.cog;
+            const std::int64_t y0 = first(ph.ry, wh), x0 = first(ph.rx, ww);
+            panel.resize(std::size_t(b.count * k));
+            out.resize(std::size_t(b.count * G.cig));
+            for (std::int64_t g = 0; g < G.win.groups; ++g) {
+                for (std::int64_t p = 0; p < b.count; ++p) {
+                    const std::int64_t y = y0 + (b.begin + p) / b.nx * wh.s;
+                    const std::int64_t x = x0 + (b.begin + p) % b.nx * ww.s;
+                    for (std::int64_t t = 0; t < nt; ++t) {
+                        T* dst = panel.data() + p * k + t * G.cog;
+                        const std::int64_t oy =
+                            (y + wh.lo - ph.taps[std::size_t(t)].first * wh.d) / wh.s;
+                        const std::int64_t ox =
+                            (x + ww.lo - ph.taps[std::size_t(t)].second * ww.d) / ww.s;
+                        const bool ok = y + wh.lo - ph.taps[std::size_t(t)].first * wh.d >= 0 &&
+                                        x + ww.lo - ph.taps[std::size_t(t)].second * ww.d >= 0 &&
+                                        oy < Y.h && ox < Y.w;
+                        if (ok)
+                            std::memcpy(dst, gv + Y.base + (oy * Y.w + ox) * Y.c + g * G.cog,
+                                        std::size_t(G.cog) * sizeof(T));
+                        else
+                            std::fill(dst, dst + G.cog, T(0));
+                    }
+                }
+                if (k > 0)
+                    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b.count), int(G.cig), int(k),
+                         T(1), panel.data(), int(k), ph.wp.data() + g * G.cig * k, int(k),
+                         out.data(), int(G.cig));
+                else
+                    std::fill(out.begin(), out.end(), T(0));
+                for (std::int64_t p = 0; p < b.count; ++p) {
+                    const std::int64_t y = y0 + (b.begin + p) / b.nx * wh.s;
+                    const std::int64_t x = x0 + (b.begin + p) % b.nx * ww.s;
+                    std::memcpy(dx + X.base + (y * X.w + x) * X.c + g * G.cig,
+                                out.data() + p * G.cig, std::size_t(G.cig) * sizeof(T));
+                }
+            }
+        }
+    });
+}
+
+template <class T>
+RaggedTensor input_grad(const ir::Node& n, const RaggedTensor& g, const RaggedTensor& w,
+                        const RaggedTensor& x) {
+    const Geometry G = geometry(n, w);
+    RaggedTensor dx = uninitialized(x.dtype(), x.structure_ptr());
+    T* out = static_cast<T*>(dx.mutable_data());
+    const T* gv = static_cast<const T*>(g.data());
+    if (G.pointwise())
+        gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(x.structure().rows()), int(G.cin),
+             int(G.cout), T(1), gv, int(G.cout), static_cast<const T*>(w.data()), int(G.cin), out,
+             int(G.cin));
+    else if (G.win.h.s > 1 || G.win.w.s > 1)
+        strided_input_grad(G, gv, g.structure(), static_cast<const T*>(w.data()), out,
+                           x.structure());
+    else
+        implicit_gemm(G, false, gv, g.structure(),
+                      pack_weight(G, static_cast<const T*>(w.data()), false), out, x.structure());
+    return dx;
+}
+
+// Sums f(block, acc) over blocks into `width` doubles: 16 partial sums, each owning a fixed run
+// of blocks, added in order.
+template <class F>
+std::vector<double> fixed_order_sum(std::int64_t nblocks, std::int64_t width, F&& f) {
+    const std::int64_t parts = std::min<std::int64_t>(16, std::max<std::int64_t>(nblocks, 1));
+    std::vector<std::vector<double>> part(std::size_t(parts),
+                                          std::vector<double>(std::size_t(width), 0.0));
+    parallel_for(parts, 1, [&](std::int64_t p0, std::int64_t p1) {
+        for (std::int64_t p = p0; p < p1; ++p)
+            for (std::int64_t b = nblocks * p / parts; b < nblocks * (p + 1) / parts; ++b)
+                f(b, part[std::size_t(p)].data());
+    });
+    for (std::int64_t p = 1; p < parts; ++p)
+        for (std::int64_t j = 0; j < width; ++j)
+            part[0][std::size_t(j)] += part[std::size_t(p)][std::size_t(j)];
+    return part[0];
+}
+
+template <class T>
+RaggedTensor weight_grad(const ir::Node& n, const RaggedTensor& g, const RaggedTensor& x,
+                         const RaggedTensor& w) {
+    const Geometry G = geometry(n, w);
+    const T* gv = static_cast<const T*>(g.data());
+    const T* xv = static_cast<const T*>(x.data());
+    if (G.pointwise()) { // dW = dY^T X over every packed pixel
+        RaggedTensor dw = uninitialized(w.dtype(), w.structure_ptr());
+        gemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(G.cout), int(G.cin),
+             int(x.structure().rows()), T(1), gv, int(G.cout), xv, int(G.cin),
+             static_cast<T*>(dw.mutable_data()), int(G.cin));
+        if (x.structure().rows() == 0)
+            std::fill_n(static_cast<T*>(dw.mutable_data()), dw.numel(), T(0));
+        return dw;
+    }
+    const std::int64_t k = G.kh * G.kw * G.cig; // packed [g][cog][k]
+    const std::vector<Block> bl = blocks(g.structure(), block_rows(k, sizeof(T)));
+    const std::vector<double> acc =
+        fixed_order_sum(std::int64_t(bl.size()), G.cout * k, [&](std::int64_t bi, double* sum) {
+            const Block& b = bl[std::size_t(bi)];
+            const Img S = img(x.structure(), b.sample), D = img(g.structure(), b.sample);
+            std::vector<T> panel(std::size_t(b.count * k)), part(std::size_t(G.cog * k));
+            for (std::int64_t gr = 0; gr < G.win.groups; ++gr) {
+                build_panel(G, true, xv, S, D, b, gr, panel.data());
+                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(G.cog), int(k), int(b.count),
+                     T(1), gv + D.base + b.begin * G.cout + gr * G.cog, int(G.cout), panel.data(),
+                     int(k), part.data(), int(k));
+                double* s = sum + gr * G.cog * k;
+                for (std::size_t j = 0; j < part.size(); ++j) s[j] += double(part[j]);
+            }
+        });
+    // [co][tap][ci] -> [co][ci][ky][kx]
+    RaggedTensor dw = uninitialized(w.dtype(), w.structure_ptr());
+    T* out = static_cast<T*>(dw.mutable_data());
+    const std::int64_t taps = G.kh * G.kw;
+    for (std::int64_t co = 0; co < G.cout; ++co)
+        for (std::int64_t t = 0; t < taps; ++t)
+            for (std::int64_t ci = 0; ci < G.cig; ++ci)
+                out[(co * G.cig + ci) * taps + t] = T(acc[std::size_t(co * k + t * G.cig + ci)]);
+    return dw;
+}
+
+template <class T> RaggedTensor bias_grad(const RaggedTensor& g, const RaggedTensor& b) {
+    const std::int64_t c = b.numel(), rows = g.structure().rows(), per = 1024;
+    const T* gv = static_cast<const T*>(g.data());
+    const std::vector<double> acc =
+        fixed_order_sum((rows + per - 1) / per, c, [&](std::int64_t blk, double* sum) {
+            for (std::int64_t r = blk * per; r < std::min(rows, (blk + 1) * per); ++r)
+                for (std::int64_t k = 0; k < c; ++k) sum[k] += double(gv[r * c + k]);
+        });
+    RaggedTensor db = uninitialized(b.dtype(), b.structure_ptr());
+    T* out = static_cast<T*>(db.mutable_data());
+    for (std::int64_t k = 0; k < c; ++k) out[k] = T(acc[std::size_t(k)]);
+    return db;
+}
+
+bool same_sizes(const Structure& a, const Structure& b) {
+    return a.batch() == b.batch() && a.sizes() == b.sizes();
+}
+
+template <class T> RaggedTensor run(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
+    auto arg = [&](std::size_t k) -> const RaggedTensor& { return vals[std::size_t(n.args[k])]; };
+    if (n.op == "conv2d")
+        return forward<T>(n, arg(0), arg(1), n.args.size() > 2 ? &arg(2) : nullptr);
+    if (n.op == "conv2d_bias_grad") return bias_grad<T>(arg(0), arg(1));
+    // The cotangent must have conv2d's result sizes; else the reference kernel names the sample.
+    const bool input = n.op == "conv2d_input_grad";
+    const RaggedTensor &g = arg(0), &x = input ? arg(2) : arg(1), &w = input ? arg(1) : arg(2);
+    const Geometry G = geometry(n, w);
+    if (!same_sizes(g.structure(),
+                    *window_structure(g.structure().shape(), x.structure(), G.win, G.cout))) {
+        std::vector<RaggedTensor> in;
+        for (int a : n.args) in.push_back(vals[std::size_t(a)]);
+        return reference_kernel(n.op, in, n.attrs);
+    }
+    return input ? input_grad<T>(n, g, w, x) : weight_grad<T>(n, g, x, w);
+}
+
+} // namespace
+
+bool is_image_step(const ir::Function& f, const ir::Node& n) {
+    static const char* ops[] = {"conv2d",           "conv2d_input_grad", "conv2d_weight_grad",
+                                "conv2d_bias_grad", "max_pool2d",        "max_pool2d_grad",
+                                "avg_pool2d",       "avg_pool2d_grad",   "upsample2d",
+                                "upsample2d_grad",  "patches",           "patches_grad"};
+    if (std::find_if(std::begin(ops), std::end(ops), [&](const char* o) { return n.op == o; }) ==
+        std::end(ops))
+        return false;
+    const DType t = f.type(n.args[0]).dtype;
+    return t == DType::f32 || t == DType::f64;
+}
+
+RaggedTensor run_image_step(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
+    if (n.op.rfind("conv2d", 0) != 0) return run_pool_step(n, vals);
+    return vals[std::size_t(n.args[0])].dtype() == DType::f64 ? run<double>(n, vals)
+                                                              : run<float>(n, vals);
+}
+
+} // namespace rag::jit
