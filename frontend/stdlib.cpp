@@ -67,6 +67,18 @@ std::string doc_above(const std::string& text, std::size_t at) {
     return out;
 }
 
+// Every line of `text` indented by four spaces (a Markdown code block), ending in a newline.
+std::string indented(const std::string& text) {
+    std::string out;
+    for (std::size_t k = 0; k < text.size();) {
+        std::size_t nl = text.find('\n', k);
+        if (nl == std::string::npos) nl = text.size();
+        out += "    " + text.substr(k, nl - k) + "\n";
+        k = nl + 1;
+    }
+    return out;
+}
+
 } // namespace
 
 std::vector<StdlibEntry> stdlib_entries() {
@@ -77,7 +89,7 @@ std::vector<StdlibEntry> stdlib_entries() {
         std::vector<std::pair<std::uint32_t, StdlibEntry>> here;
         for (const auto& p : u.module.params)
             here.push_back({p.span.begin,
-                            {"params", p.name, signature(text, p.span),
+                            {"params", p.name, text.substr(p.span.begin, p.span.end - p.span.begin),
                              doc_above(text, p.span.begin), u.src->path()}});
         for (const auto& f : u.module.fns)
             here.push_back({f.span.begin,
@@ -102,7 +114,7 @@ std::string stdlib_markdown() {
             file = e.file;
             out += "\n## `" + file + "`\n";
         }
-        out += "\n### " + e.name + "\n\n    " + e.signature + "\n\n" + e.doc;
+        out += "\n### " + e.name + "\n\n" + indented(e.signature) + "\n" + e.doc;
     }
     return out;
 }
@@ -110,13 +122,7 @@ std::string stdlib_markdown() {
 std::string stdlib_text() {
     std::string out;
     for (const auto& e : stdlib_entries()) {
-        out += e.signature + "\n";
-        std::string doc = e.doc;
-        for (std::size_t k = 0; k < doc.size();) {
-            std::size_t nl = doc.find('\n', k);
-            out += "    " + doc.substr(k, nl - k) + "\n";
-            k = nl + 1;
-        }
+        out += e.signature + "\n" + indented(e.doc) + "\n";
     }
     return out;
 }

@@ -128,5 +128,5 @@ fn bad(x: f32[B, ~N, 5], p: Proj[4, 3]) -> f32[B, ~N, 3] { return proj(x, p) }
 """
     with pytest.raises(rag.CompileError) as e:
         rag.compile(src, "bad.rag")
-    assert ("bad.rag:27:68: error: proj: argument p: expected Proj[I, O], got Proj[4, 3] "
+    assert ("bad.rag:32:67: error: proj: argument p: expected Proj[I, O], got Proj[4, 3] "
             "(I was bound to 5 by an earlier argument)") in str(e.value)
