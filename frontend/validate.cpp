@@ -129,6 +129,7 @@ void validate(const Program& prog, Diagnostics& diags) {
         for (const auto& p : u.module.params) {
             declare(groups, "params", p.name, p.name_span, u);
             if (u.stdlib) continue; // checked once per process (frontend/stdlib.cpp)
+            const std::size_t before = diags.items().size();
             std::set<std::string> fields, sizes;
             for (const auto& n : p.sizes)
                 if (!sizes.insert(n).second)
@@ -145,7 +146,9 @@ void validate(const Program& prog, Diagnostics& diags) {
                     if (auto why = initialiser_problem(*f.init); !why.empty())
                         diags.error(f.init->span, p.name + "." + f.name + ": " + why, file);
             }
-            if (!p.sizes.empty()) continue; // checked where it is given sizes
+            // A group with sizes is checked where it is given them; one with a bad field
+            // already said so.
+            if (!p.sizes.empty() || diags.items().size() != before) continue;
             try {
                 prog.record_type(p.name);
             } catch (const Error& e) {
