@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import rag
 
+from test_grad import central  # float64 central differences, step 1e-6
+
 LENS = (3, 1, 5)      # a ragged batch (5: past t5's and DeBERTa's exact buckets); every sample attends within itself only
 MEM_LENS = (2, 5, 1)  # cross-attention memories
-EPS = 1e-6
 
 
 # ---- float64 references, one sample at a time ----------------------------------------------
@@ -242,19 +243,6 @@ def test_forward_matches_float64_reference(case):
     got = out.to_list() if "~" in out.schema else list(out.numpy())
     for g, want in zip(got, reference(name, ins, p)):
         np.testing.assert_allclose(g, want, rtol=2e-4, atol=2e-5)
-
-
-def central(fun, arr):
-    g = np.zeros_like(arr)
-    for idx in np.ndindex(arr.shape):
-        old = arr[idx]
-        arr[idx] = old + EPS
-        up = fun()
-        arr[idx] = old - EPS
-        down = fun()
-        arr[idx] = old
-        g[idx] = (up - down) / (2 * EPS)
-    return g
 
 
 def test_gradients_match_float64_finite_differences(case):
