@@ -95,3 +95,19 @@ def test_a_stdlib_function_called_from_python_binds_the_instance():
     y = m.linear(x, p)
     assert y.schema == "f32[B, ~N, 3]"
     np.testing.assert_allclose(y.to_list()[0][0], p["w"].sum(0) + p["b"], rtol=1e-6)
+
+
+def test_the_library_keeps_calling_its_own_functions_when_a_name_is_shadowed():
+    # The program's `mlp` has another signature; the library's transformer_layer still calls
+    # the library's mlp.
+    m = rag.compile("""
+fn mlp(x: f32[]) -> f32[] { return x * 2.0 }
+fn f(x: f32[B, ~N, 4], p: TransformerLayer[4, 2, 8]) -> f32[B, ~N, 4] {
+    return transformer_layer(x, p)
+}
+fn g(x: f32[]) -> f32[] { return mlp(x) }
+""", "hyg.rag")
+    assert "fn mlp shadows the standard library's mlp" in m.notes()
+    out = m.f(rag.ragged([np.ones((3, 4), np.float32)]), m.init("TransformerLayer[4, 2, 8]"))
+    assert out.schema == "f32[B, ~N, 4]"
+    assert float(m.g(np.float32(3.0))) == 6.0
