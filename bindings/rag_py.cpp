@@ -174,6 +174,11 @@ Value to_value(py::handle obj, const ast::TypeExpr& decl, Binding& bind,
                const frontend::Program& prog, const std::string& what) {
     const auto& batch = bind.batch;
     if (auto record = prog.record_name(decl)) return record_value(obj, *record, prog, what);
+    if (prog.sized_group(decl)) { // `p: Linear[I, O]`: the instance's sizes come with its value
+        if (py::isinstance<Params>(obj)) return obj.cast<const Params&>().value();
+        fail(what, ": expected ", type_str(decl), " as a rag.Params (m.init(\"", decl.dtype,
+             "[...]\")), got ", type_name(obj));
+    }
     switch (decl.kind) {
     case ast::TypeExpr::Kind::named:
         fail(what, ": unknown type '", decl.name, "'");
@@ -991,6 +996,9 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
         .def(
             "functions", [](const PyModule& pm) { return pm.mod->functions(); },
             "Functions of the main file, in order.")
+        .def(
+            "notes", [](const PyModule& pm) { return pm.mod->notes(); },
+            "Notes from loading, formatted (a definition shadowing the standard library's).")
         .def("__getattr__",
              [](PyModulePtr pm, const std::string& name) {
                  if (name.rfind("__", 0) == 0) throw py::attribute_error(name);

@@ -81,7 +81,8 @@ void Module::save_params(const Value& params, const std::string& path) const {
     save_checkpoint(params, path);
 }
 
-Value Module::load_params(std::string_view type, const std::string& path) const {
+Value Module::load_params(std::string_view given, const std::string& path) const {
+    const std::string type = frontend::Program::canonical(given); // `Linear[4,8]`: one spelling
     const auto want = param_fields(type);
     safetensors::Contents file = safetensors::load(path);
     auto diff = differences(file.tensors, want, type, "in the file");
@@ -93,7 +94,7 @@ Value Module::load_params(std::string_view type, const std::string& path) const 
     }
     Value v;
     v.kind = Value::Kind::record;
-    v.record = std::string(type);
+    v.record = type;
     for (const auto& [name, _] : want)
         for (auto& [n, t] : file.tensors)
             if (n == name) v.fields.emplace_back(name, std::move(t));

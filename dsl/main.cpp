@@ -3,6 +3,7 @@
 #include "dsl/ptx_listing.hpp"
 #include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
+#include "frontend/stdlib.hpp"
 #include "jit/blas.hpp"
 #include "jit/compile_clock.hpp"
 #include "jit/object_cache.hpp"
@@ -39,6 +40,7 @@ struct Command {
 const Command commands[] = {
     {"check",
      R"(  check FILE                    parse and type-check every function; print diagnostics
+  check --stdlib [--markdown]   list the standard library (always in scope) with its docs
 )"},
     {"run",
      R"(  run FILE --fn NAME [options]  call NAME on random ragged inputs and summarise the results
@@ -253,7 +255,8 @@ void save_params(const Module& m, const std::vector<Value>& args,
 }
 
 int cmd_check(const std::string& path) {
-    Module::load(path);
+    auto m = Module::load(path);
+    std::fputs(m->notes().c_str(), stderr);
     std::printf("%s: ok\n", path.c_str());
     return 0;
 }
@@ -427,6 +430,14 @@ int dispatch(const std::vector<std::string>& a) {
     if (name == "repl") {
         if (a.size() > 1) usage_fail("repl takes no arguments, got '", a[1], "'");
         return run_repl(stdin, stdout);
+    }
+    if (name == "check" && a.size() >= 2 && a[1] == "--stdlib") {
+        if (a.size() > 3 || (a.size() == 3 && a[2] != "--markdown"))
+            usage_fail("check --stdlib takes only --markdown");
+        std::fputs(a.size() == 3 ? frontend::stdlib_markdown().c_str()
+                                 : frontend::stdlib_text().c_str(),
+                   stdout);
+        return 0;
     }
     if (a.size() < 2 || a[1].starts_with("--"))
         usage_fail(name, " needs a FILE (rag ", name, " --help)");

@@ -160,7 +160,9 @@ std::shared_ptr<Module> Module::compile(const std::string& source, const std::st
     auto prog = std::make_unique<frontend::Program>(frontend::load_program(src, diags));
     if (diags.empty()) frontend::check(*prog, diags);
     if (!diags.empty()) throw CompileError(diags.str());
-    return std::shared_ptr<Module>(new Module(std::move(prog)));
+    auto m = std::shared_ptr<Module>(new Module(std::move(prog)));
+    m->notes_ = diags.notes_str();
+    return m;
 }
 
 std::shared_ptr<Module> Module::load(const std::string& path) {
@@ -281,10 +283,12 @@ std::vector<RaggedTensor> Module::run(const Compiled& c, std::string_view fn,
 // Every tensor of the record type `name` (a params group, an array of one, or Adam state),
 // initialised as its field declares with a counter-based stream keyed by "<name>.<dotted
 // field>", so each layer of an array draws its own values. Adam state starts at zero.
-Value Module::init(std::string_view name, std::uint64_t seed) const {
+Value Module::init(std::string_view given, std::uint64_t seed) const {
+    // One spelling per type (`Linear[4,8]` is `Linear[4, 8]`): the key of every stream.
+    const std::string name = frontend::Program::canonical(given);
     Value v;
     v.kind = Value::Kind::record;
-    v.record = std::string(name);
+    v.record = name;
     for (const auto& leaf : prog_->record_leaves(name)) {
         const Schema& s = leaf.schema;
         const std::string where = std::string(name) + "." + leaf.name;

@@ -99,6 +99,8 @@ class Module {
     void set_padded(bool on) { padded_ = on; }
     bool padded() const { return padded_; }
     const frontend::Program& program() const { return *prog_; }
+    // Notes from loading (a definition shadowing the standard library's), formatted.
+    const std::string& notes() const { return notes_; }
 
     // Checkpoints (dsl/checkpoint.cpp): safetensors files, one tensor per dotted field name.
     // The fields of a params type (Adam[...] included) as init makes them, in order.
@@ -121,6 +123,7 @@ class Module {
                                   std::vector<RaggedTensor> flat);
 
     std::unique_ptr<frontend::Program> prog_;
+    std::string notes_;
     std::map<std::string, std::unique_ptr<Compiled>> cache_;
     std::map<std::string, std::unique_ptr<Split>> splits_;
     std::map<std::string, FnStats> stats_;

@@ -2,6 +2,7 @@
 #include "dsl/repl_session.hpp"
 #include "frontend/lower.hpp"
 #include "frontend/parser.hpp"
+#include "frontend/stdlib.hpp"
 #include "jit/plan.hpp"
 #include "jit/ptx.hpp"
 
@@ -42,6 +43,8 @@ const char* help_text =
   :stats                 compilations and cache hits per evaluated expression
   :vars   :defs          the variables; the definitions' source
   :help   :quit          this text; leave (also Ctrl-D)
+  :help NAME             a standard-library group or function (Linear, mlp, ...) and its
+                         documentation; every one is in scope without an import
 )";
 
 std::string trim(const std::string& s) {
@@ -289,7 +292,10 @@ void Session::command(const std::shared_ptr<SourceFile>& src) {
     if (name == "quit" || name == "q" || name == "exit") {
         quit_ = true;
     } else if (name == "help" || name == "h" || name == "?") {
-        say(help_text);
+        if (arg.empty()) return say(help_text);
+        for (const auto& e : frontend::stdlib_entries())
+            if (e.name == arg) return say(e.signature + "\n" + e.doc);
+        error("no standard-library name '" + arg + "' (rag check --stdlib lists them)");
     } else if (name == "type" || name == "t") {
         if (need("an expression")) cmd_type(src, rest);
     } else if (name == "ir") {

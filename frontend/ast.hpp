@@ -34,8 +34,12 @@ struct TypeExpr {
         named,  // a params group: `PairBlock`
         tuple   // `(f32[], PairBlock)`
     } kind = Kind::tensor;
-    std::string dtype;           // tensor: "f32", ... or a type parameter name
-    std::vector<DimExpr> dims;   // tensor
+    // tensor: "f32", ... or a type parameter name. The same syntax names params types:
+    // `Layer[4]` (an array), `Adam[Model]`, `Linear[384, 128]` (a group with sizes).
+    std::string dtype;
+    std::vector<DimExpr> dims; // tensor
+    // `Linear[384, 128][4]`: an array of a sized params group (the second brackets).
+    std::optional<DimExpr> array;
     std::string name;            // named
     std::vector<TypeExpr> elems; // tuple
     Span span;
@@ -138,6 +142,9 @@ struct ParamField {
 
 struct ParamsDecl {
     std::string name;
+    // `params Linear[I, O] { w: f32[I, O] }`: size parameters, bound to integers where the
+    // group is used (`Linear[384, 128]`). Empty for a group of fixed sizes.
+    std::vector<std::string> sizes;
     std::vector<ParamField> fields;
     Span span;
     Span name_span;

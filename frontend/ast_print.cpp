@@ -146,7 +146,13 @@ std::string to_sexpr(const ast::TypeExpr& t) {
             else
                 s += (d.kind == ast::DimExpr::Kind::ragged ? "~" : "") + d.name;
         }
-        return s + "]";
+        s += "]";
+        if (t.array)
+            s += "[" +
+                 (t.array->kind == ast::DimExpr::Kind::fixed ? std::to_string(t.array->extent)
+                                                             : t.array->name) +
+                 "]";
+        return s;
     }
     case ast::TypeExpr::Kind::named:
         return t.name;
@@ -164,6 +170,11 @@ std::string to_sexpr(const ast::Module& m) {
     for (const auto& i : m.imports) s += "(import \"" + i.path + "\")\n";
     for (const auto& p : m.params) {
         s += "(params " + p.name;
+        if (!p.sizes.empty()) {
+            s += " [";
+            for (std::size_t i = 0; i < p.sizes.size(); ++i) s += (i ? " " : "") + p.sizes[i];
+            s += "]";
+        }
         for (const auto& f : p.fields) {
             s += "\n  (field " + f.name + " " + to_sexpr(f.type);
             if (f.init) s += " " + to_sexpr(*f.init);

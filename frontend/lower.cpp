@@ -2,6 +2,7 @@
 
 #include "frontend/padded.hpp"
 #include "frontend/parser.hpp"
+#include "frontend/stdlib.hpp"
 #include "frontend/validate.hpp"
 #include "ir/autodiff.hpp"
 #include "ir/ops/derived_names.hpp"
@@ -60,6 +61,40 @@ std::vector<std::pair<std::string, Schema>> VType::leaves() const {
 
 namespace {
 
+// A canonical record name split at its last brackets: `Layer[4]` -> ("Layer", {"4"});
+// `Adam[Model]` -> ("Adam", {"Model"}); `Linear[4, 8]` -> ("Linear", {"4", "8"});
+// `Linear[4, 8][2]` -> ("Linear[4, 8]", {"2"}); `Adam[Linear[4, 8]]` -> ("Adam",
+// {"Linear[4, 8]"}); `Model` -> nullopt.
+std::optional<std::pair<std::string, std::vector<std::string>>>
+split_record_name(std::string_view name) {
+    if (name.empty() || name.back() != ']') return std::nullopt;
+    int depth = 0;
+    std::size_t open = std::string_view::npos;
+    std::vector<std::size_t> commas;
+    for (std::size_t k = name.size(); k-- > 0;) {
+        if (name[k] == ']') ++depth;
+        if (name[k] == '[' && --depth == 0) {
+            open = k;
+            break;
+        }
+        if (name[k] == ',' && depth == 1) commas.push_back(k);
+    }
+    if (open == std::string_view::npos || open == 0) return std::nullopt;
+    std::vector<std::string> args;
+    std::size_t begin = open + 1;
+    for (auto c = commas.rbegin(); c != commas.rend(); ++c) {
+        args.push_back(Program::canonical(name.substr(begin, *c - begin)));
+        begin = *c + 1;
+    }
+    args.push_back(Program::canonical(name.substr(begin, name.size() - 1 - begin)));
+    return std::pair{std::string(name.substr(0, open)), std::move(args)};
+}
+
+bool parse_int(const std::string& s, std::int64_t& v) {
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return ec == std::errc() && end == s.data() + s.size();
+}
+
 std::string dim_str(const ast::DimExpr& d) {
     switch (d.kind) {
     case ast::DimExpr::Kind::fixed:
@@ -77,7 +112,7 @@ std::string type_str(const ast::TypeExpr& t) {
     case ast::TypeExpr::Kind::tensor: {
         std::string s = t.dtype + "[";
         for (std::size_t k = 0; k < t.dims.size(); ++k) s += (k ? ", " : "") + dim_str(t.dims[k]);
-        return s + "]";
+        return s + "]" + (t.array ? "[" + dim_str(*t.array) + "]" : "");
     }
     case ast::TypeExpr::Kind::named:
         return t.name;
@@ -94,6 +129,9 @@ std::string type_str(const ast::TypeExpr& t) {
 VType declared_vtype(const Program& prog, const ast::TypeExpr& t,
                      const std::set<std::string>& batch) {
     if (auto r = prog.record_name(t)) return prog.record_type(*r);
+    if (prog.sized_group(t))
+        fail(type_str(t), " has no concrete sizes here; call the function instead (sizes bind "
+                          "to the arguments' params types)");
     switch (t.kind) {
     case ast::TypeExpr::Kind::named:
         fail("unknown type '", t.name, "'");
@@ -168,11 +206,61 @@ std::set<std::string> batch_names(const ast::FnDecl& fn) {
     return out;
 }
 
+namespace {
+
+// Binds one declared size (`I` of `Linear[I, O]`, or an array extent) to an actual extent;
+// false (with the name in b.conflict) if it was bound to another extent.
+bool bind_size(const ast::DimExpr& d, std::int64_t v, Bindings& b) {
+    if (d.kind == ast::DimExpr::Kind::fixed) return d.extent == v;
+    if (d.kind != ast::DimExpr::Kind::symbolic) return false;
+    auto [it, fresh] = b.dims.emplace(d.name, Axis::fixed_of(v));
+    if (fresh || it->second == Axis::fixed_of(v)) return true;
+    b.conflict = d.name;
+    return false;
+}
+
+// `p: Linear[I, O]` (or `Linear[I, O][L]`) against an actual record type such as
+// `Linear[384, 128]`: binds I and O to the actual sizes.
+bool match_sizes(const VType& actual, const ast::TypeExpr& decl, Bindings& b) {
+    if (actual.kind != VType::Kind::record) return false;
+    std::string name = actual.record;
+    if (decl.array) {
+        auto outer = split_record_name(name);
+        if (!outer || outer->second.size() != 1) return false;
+        std::int64_t n = 0;
+        if (!parse_int(outer->second[0], n) || !bind_size(*decl.array, n, b)) return false;
+        name = outer->first;
+    }
+    auto parts = split_record_name(name);
+    if (!parts || parts->first != decl.dtype || parts->second.size() != decl.dims.size())
+        return false;
+    for (std::size_t k = 0; k < decl.dims.size(); ++k) {
+        std::int64_t v = 0;
+        if (!parse_int(parts->second[k], v) || !bind_size(decl.dims[k], v, b)) return false;
+    }
+    return true;
+}
+
+std::string mismatch_sizes(Bindings& b, const std::string& mismatch) {
+    if (b.conflict.empty()) return mismatch;
+    auto it = b.dims.find(b.conflict);
+    std::string was =
+        it->second.kind == AxisKind::fixed ? std::to_string(it->second.extent) : it->second.name;
+    std::string msg =
+        mismatch + " (" + b.conflict + " was bound to " + was + " by an earlier argument)";
+    b.conflict.clear();
+    return msg;
+}
+
+} // namespace
+
 std::string match_type(const Program& prog, const VType& actual, const ast::TypeExpr& decl,
                        const std::set<std::string>& batch, Bindings& b) {
     const std::string mismatch = "expected " + type_str(decl) + ", got " + actual.str();
     if (auto r = prog.record_name(decl))
         return actual.kind == VType::Kind::record && actual.record == *r ? "" : mismatch;
+    if (prog.sized_group(decl))
+        return match_sizes(actual, decl, b) ? "" : mismatch_sizes(b, mismatch);
     switch (decl.kind) {
     case ast::TypeExpr::Kind::named:
         return "unknown type '" + decl.name + "'";
@@ -240,6 +328,18 @@ std::pair<const ast::FnDecl*, const SourceFile*> Program::find_fn(std::string_vi
     return {nullptr, nullptr};
 }
 
+std::pair<const ast::FnDecl*, const SourceFile*> Program::find_fn(std::string_view name,
+                                                                  const SourceFile* from) const {
+    bool lib = false;
+    for (const auto& u : units) lib = lib || (u.stdlib && u.src.get() == from);
+    if (lib)
+        for (const auto& u : units)
+            if (u.stdlib)
+                for (const auto& f : u.module.fns)
+                    if (f.name == name) return {&f, u.src.get()};
+    return find_fn(name);
+}
+
 const ast::ParamsDecl* Program::find_params(std::string_view name) const {
     for (const auto& u : units)
         for (const auto& p : u.module.params)
@@ -261,14 +361,45 @@ VType Program::params_type(const ast::ParamsDecl& p) const {
 std::optional<std::string> Program::record_name(const ast::TypeExpr& t) const {
     if (t.kind == ast::TypeExpr::Kind::named)
         return find_params(t.name) ? std::optional(t.name) : std::nullopt;
-    if (t.kind != ast::TypeExpr::Kind::tensor || parse_dtype(t.dtype) || t.dims.size() != 1)
-        return std::nullopt;
+    if (t.kind != ast::TypeExpr::Kind::tensor || parse_dtype(t.dtype)) return std::nullopt;
+    const ast::ParamsDecl* g = find_params(t.dtype);
+    if (g && !g->sizes.empty()) {
+        // `Linear[384, 128]`, `Linear[384, 128][4]`; with a size name it is a pattern that
+        // signatures match (sized_group), not a type.
+        std::string n = t.dtype + "[";
+        for (std::size_t k = 0; k < t.dims.size(); ++k) {
+            if (t.dims[k].kind != ast::DimExpr::Kind::fixed) return std::nullopt;
+            n += (k ? ", " : "") + std::to_string(t.dims[k].extent);
+        }
+        n += "]";
+        if (!t.array) return n;
+        if (t.array->kind != ast::DimExpr::Kind::fixed) return std::nullopt;
+        return n + "[" + std::to_string(t.array->extent) + "]";
+    }
+    if (t.dims.size() != 1 || t.array) return std::nullopt;
     const ast::DimExpr& d = t.dims[0];
     if (t.dtype == "Adam" && d.kind == ast::DimExpr::Kind::symbolic && find_params(d.name))
         return "Adam[" + d.name + "]";
-    if (find_params(t.dtype) && d.kind == ast::DimExpr::Kind::fixed)
+    if (g && d.kind == ast::DimExpr::Kind::fixed)
         return t.dtype + "[" + std::to_string(d.extent) + "]";
     return std::nullopt;
+}
+
+const ast::ParamsDecl* Program::sized_group(const ast::TypeExpr& t) const {
+    if (t.kind != ast::TypeExpr::Kind::tensor || parse_dtype(t.dtype) || record_name(t))
+        return nullptr;
+    const ast::ParamsDecl* g = find_params(t.dtype);
+    return g && !g->sizes.empty() ? g : nullptr;
+}
+
+std::string Program::canonical(std::string_view name) {
+    std::string out;
+    for (char c : name) {
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+        out += c;
+        if (c == ',') out += ' ';
+    }
+    return out;
 }
 
 namespace {
@@ -276,21 +407,71 @@ namespace {
 constexpr std::int64_t kMaxArray = 4096;           // elements of one params array
 constexpr std::size_t kMaxRecordTensors = 1 << 20; // tensors in one record type
 
-// `Layer[4]` -> ("Layer", "4"); `Adam[Model]` -> ("Adam", "Model"); `Model` -> nullopt.
-std::optional<std::pair<std::string, std::string>> split_record_name(std::string_view name) {
-    auto open = name.find('[');
-    if (open == std::string_view::npos || name.back() != ']') return std::nullopt;
-    return std::pair{std::string(name.substr(0, open)),
-                     std::string(name.substr(open + 1, name.size() - open - 2))};
-}
-
-std::int64_t array_extent(std::string_view name, const std::string& n) {
+std::int64_t array_extent(std::string_view name, const std::vector<std::string>& args) {
     std::int64_t v = 0;
-    auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
-    if (ec != std::errc() || end != n.data() + n.size()) fail("unknown type '", name, "'");
+    if (args.size() != 1 || !parse_int(args[0], v)) fail("unknown type '", name, "'");
     if (v < 1 || v > kMaxArray)
         fail("params array ", name, ": the extent must be between 1 and ", kMaxArray);
     return v;
+}
+
+std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+}
+
+// `t` with the size names of a sized group replaced by their values.
+ast::TypeExpr substitute(ast::TypeExpr t, const std::map<std::string, std::int64_t>& sizes) {
+    auto fix = [&](ast::DimExpr& d) {
+        if (d.kind != ast::DimExpr::Kind::symbolic) return;
+        if (auto it = sizes.find(d.name); it != sizes.end())
+            d.kind = ast::DimExpr::Kind::fixed, d.extent = it->second;
+    };
+    for (auto& d : t.dims) fix(d);
+    if (t.array) fix(*t.array);
+    for (auto& e : t.elems) e = substitute(e, sizes);
+    return t;
+}
+
+// The group a record name instantiates with its sizes (`Linear[384, 128]` -> Linear, {I: 384,
+// O: 128}; `Model` -> Model, {}); nullopt for arrays and Adam state. rag::Error for a wrong
+// number of sizes or a size out of range.
+struct Instance {
+    const ast::ParamsDecl* decl;
+    std::map<std::string, std::int64_t> sizes;
+};
+constexpr std::int64_t kMaxSize = std::int64_t(1) << 32;
+std::optional<Instance> group_instance(const Program& prog, std::string_view name) {
+    auto parts = split_record_name(name);
+    if (!parts) {
+        const ast::ParamsDecl* p = prog.find_params(name);
+        if (!p) fail("no params group named '", name, "'");
+        if (!p->sizes.empty())
+            fail("params ", name, " needs its sizes: write ", name, "[", join(p->sizes), "]");
+        return Instance{p, {}};
+    }
+    const auto& [head, args] = *parts;
+    const ast::ParamsDecl* p = head == "Adam" ? nullptr : prog.find_params(head);
+    if (!p) return std::nullopt;
+    if (p->sizes.empty()) {
+        if (args.size() != 1)
+            fail("params ", head, " has no sizes: ", head, "[n] is an array of n, got '", name,
+                 "'");
+        return std::nullopt;
+    }
+    if (args.size() != p->sizes.size())
+        fail("params ", head, " takes ", p->sizes.size(), " size", p->sizes.size() == 1 ? "" : "s",
+             " [", join(p->sizes), "], got ", args.size(), " in '", name, "'");
+    Instance out{p, {}};
+    for (std::size_t k = 0; k < args.size(); ++k) {
+        std::int64_t v = 0;
+        if (!parse_int(args[k], v) || v < 1 || v > kMaxSize)
+            fail("params ", name, ": size ", p->sizes[k],
+                 " must be an integer from 1 to 2^32, got ", args[k]);
+        out.sizes[p->sizes[k]] = v;
+    }
+    return out;
 }
 
 VType record_type_at(const Program& prog, std::string_view name, int depth, std::size_t& tensors) {
@@ -302,46 +483,56 @@ VType record_type_at(const Program& prog, std::string_view name, int depth, std:
             fail("params type ", name, " has more than ", kMaxRecordTensors, " tensors");
     };
     VType v{VType::Kind::record, {}, std::string(name), {}, {}};
-    if (auto parts = split_record_name(name)) {
-        const auto& [head, inner] = *parts;
+    auto inst = group_instance(prog, name);
+    if (!inst) {
+        const auto parts = split_record_name(name);
+        const auto& [head, args] = *parts;
         if (head == "Adam") {
-            VType p = record_type_at(prog, inner, depth + 1, tensors);
+            if (args.size() != 1) fail("unknown type '", name, "'");
+            VType p = record_type_at(prog, args[0], depth + 1, tensors);
             count(p.flatten().size() + 1);
             v.fields = {{"m", p}, {"v", p}, {"t", VType::tensor({DType::i64, Shape{false, {}}})}};
             return v;
         }
-        if (!prog.find_params(head)) fail("unknown type '", name, "'");
-        const std::int64_t n = array_extent(name, inner);
+        const std::int64_t n = array_extent(name, args);
         VType elem = record_type_at(prog, head, depth + 1, tensors);
         count(elem.flatten().size() * std::size_t(n - 1));
         for (std::int64_t k = 0; k < n; ++k) v.fields.push_back({std::to_string(k), elem});
         return v;
     }
-    const ast::ParamsDecl* p = prog.find_params(name);
-    if (!p) fail("no params group named '", name, "'");
-    for (const auto& f : p->fields) {
-        if (auto r = prog.record_name(f.type)) {
+    const ast::ParamsDecl* p = inst->decl;
+    for (const auto& field : p->fields) {
+        const ast::TypeExpr ft = substitute(field.type, inst->sizes);
+        const auto& f = field;
+        if (auto r = prog.record_name(ft)) {
             v.fields.push_back({f.name, record_type_at(prog, *r, depth + 1, tensors)});
             continue;
         }
-        if (f.type.kind != ast::TypeExpr::Kind::tensor)
+        if (prog.sized_group(ft))
+            fail("params field ", p->name, ".", f.name, ": ", type_str(ft),
+                 " needs integer sizes here",
+                 p->sizes.empty() ? ""
+                                  : " (the sizes of " + p->name + " are " + join(p->sizes) + ")");
+        if (ft.kind != ast::TypeExpr::Kind::tensor)
             fail("params field ", p->name, ".", f.name, ": ",
-                 f.type.kind == ast::TypeExpr::Kind::named
-                     ? "unknown type '" + f.type.name + "'"
+                 ft.kind == ast::TypeExpr::Kind::named
+                     ? "unknown type '" + ft.name + "'"
                      : std::string("must be a tensor, a params group or an array of one"));
-        if (!parse_dtype(f.type.dtype))
-            fail("params field ", p->name, ".", f.name, ": unknown dtype '", f.type.dtype,
+        if (!parse_dtype(ft.dtype))
+            fail("params field ", p->name, ".", f.name, ": unknown dtype '", ft.dtype,
                  "' (dtypes are f16 bf16 f32 f64 i32 i64 bool; Name[n] is an array of params "
                  "group Name)");
-        VType t = declared_vtype(prog, f.type, {});
+        VType t = declared_vtype(prog, ft, {});
         std::int64_t elems = 1;
         for (const auto& a : t.schema.shape.axes) {
             if (a.kind != AxisKind::fixed)
                 fail("params field ", p->name, ".", f.name, " must have static dimensions, got ",
-                     type_str(f.type));
+                     type_str(ft),
+                     p->sizes.empty() ? ""
+                                      : " (sizes of " + p->name + " are " + join(p->sizes) + ")");
             if (a.extent > (std::int64_t(1) << 32) / std::max<std::int64_t>(elems, 1))
                 fail("params field ", p->name, ".", f.name, " is too large to allocate (",
-                     type_str(f.type), ")");
+                     type_str(ft), ")");
             elems *= std::max<std::int64_t>(a.extent, 1);
         }
         count(1);
@@ -352,27 +543,28 @@ VType record_type_at(const Program& prog, std::string_view name, int depth, std:
 
 void leaves_at(const Program& prog, std::string_view name, const std::string& prefix, bool zeros,
                std::vector<Program::Leaf>& out) {
-    if (auto parts = split_record_name(name)) {
-        const auto& [head, inner] = *parts;
+    auto inst = group_instance(prog, name);
+    if (!inst) {
+        const auto parts = split_record_name(name);
+        const auto& [head, args] = *parts;
         if (head == "Adam") {
-            leaves_at(prog, inner, prefix + "m.", true, out);
-            leaves_at(prog, inner, prefix + "v.", true, out);
+            leaves_at(prog, args[0], prefix + "m.", true, out);
+            leaves_at(prog, args[0], prefix + "v.", true, out);
             out.push_back({prefix + "t", {DType::i64, Shape{false, {}}}, nullptr});
             return;
         }
-        const std::int64_t n = array_extent(name, inner);
+        const std::int64_t n = array_extent(name, args);
         for (std::int64_t k = 0; k < n; ++k)
             leaves_at(prog, head, prefix + std::to_string(k) + ".", zeros, out);
         return;
     }
-    const ast::ParamsDecl* p = prog.find_params(name);
-    for (const auto& f : p->fields) {
-        if (auto r = prog.record_name(f.type)) {
+    for (const auto& f : inst->decl->fields) {
+        const ast::TypeExpr ft = substitute(f.type, inst->sizes);
+        if (auto r = prog.record_name(ft)) {
             leaves_at(prog, *r, prefix + f.name + ".", zeros, out);
             continue;
         }
-        out.push_back(
-            {prefix + f.name, declared_vtype(prog, f.type, {}).schema, zeros ? nullptr : &f});
+        out.push_back({prefix + f.name, declared_vtype(prog, ft, {}).schema, zeros ? nullptr : &f});
     }
 }
 
@@ -380,13 +572,13 @@ void leaves_at(const Program& prog, std::string_view name, const std::string& pr
 
 VType Program::record_type(std::string_view name) const {
     std::size_t tensors = 0;
-    return record_type_at(*this, name, 0, tensors);
+    return record_type_at(*this, canonical(name), 0, tensors);
 }
 
 std::vector<Program::Leaf> Program::record_leaves(std::string_view name) const {
     record_type(name); // validates
     std::vector<Leaf> out;
-    leaves_at(*this, name, "", false, out);
+    leaves_at(*this, canonical(name), "", false, out);
     return out;
 }
 
@@ -507,9 +699,11 @@ std::string read_source(const std::string& path) {
     return text;
 }
 
-Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags) {
+Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags, bool with_stdlib) {
     Program prog;
     load_unit(prog, std::move(src), diags, 0);
+    if (with_stdlib)
+        for (const auto& u : stdlib_units()) prog.units.push_back(u);
     return prog;
 }
 
@@ -655,6 +849,11 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
                    : ";";
     }
     if (auto hit = memo_->results.find({&fn, key}); hit != memo_->results.end()) return hit->second;
+    // A dimension or size name bound to a static extent is that integer in the body
+    // (`reshape(q, H, C / H)` in a function over `MultiHeadAttention[C, H]`).
+    for (const auto& [name, axis] : bound.dims)
+        if (axis.kind == AxisKind::fixed)
+            inner.scopes_.back().emplace(name, LV::number(double(axis.extent)));
     std::optional<LV> result = inner.exec(fn.body, false);
     if (!result) inner.error(fn.name_span, "fn " + fn.name + " ends without a return");
     if (fn.result) {
@@ -980,7 +1179,7 @@ LV Lowerer::call(const ast::Expr& e) {
         args.push_back(expr(*a.value));
     }
     if (f.grad_wrt >= 0) return apply_grad(f, args, e.span);
-    auto [fn, file] = prog_.find_fn(f.name);
+    auto [fn, file] = prog_.find_fn(f.name, file_);
     return call_fn(*fn, file, args, e.span);
 }
 
@@ -1054,8 +1253,22 @@ void check(const Program& prog, Diagnostics& diags) {
     validate(prog, diags);
     if (diags.items().size() != before) return; // lowering would repeat the same problems
     for (const auto& u : prog.units)
-        for (const auto& fn : u.module.fns)
-            if (fn.type_params.empty()) lower(prog, fn.name, std::nullopt, diags);
+        if (!u.stdlib) // generic; checked where called (and by tests/python/test_stdlib.py)
+            for (const auto& fn : u.module.fns)
+                if (!is_generic(prog, fn)) lower(prog, fn.name, std::nullopt, diags);
+}
+
+bool is_generic(const Program& prog, const ast::FnDecl& fn) {
+    if (!fn.type_params.empty()) return true;
+    std::function<bool(const ast::TypeExpr&)> sized = [&](const ast::TypeExpr& t) {
+        if (prog.sized_group(t)) return true;
+        for (const auto& e : t.elems)
+            if (sized(e)) return true;
+        return false;
+    };
+    for (const auto& p : fn.params)
+        if (sized(p.type)) return true;
+    return false;
 }
 
 } // namespace rag::frontend

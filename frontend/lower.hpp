@@ -36,11 +36,16 @@ struct Program {
     struct Unit {
         std::shared_ptr<SourceFile> src;
         ast::Module module;
+        bool stdlib = false; // a file of the standard library (frontend/stdlib.hpp)
     };
     std::vector<Unit> units; // [0] is the main file
 
     // The declaration and the file it is in; nullptr if there is none.
     std::pair<const ast::FnDecl*, const SourceFile*> find_fn(std::string_view name) const;
+    // The function a call in file `from` means: the standard library's own functions call each
+    // other even where a program shadows their names; anywhere else, find_fn(name).
+    std::pair<const ast::FnDecl*, const SourceFile*> find_fn(std::string_view name,
+                                                             const SourceFile* from) const;
     const ast::ParamsDecl* find_params(std::string_view name) const;
     std::vector<std::string> fn_names() const;         // of the main file, in source order
     VType params_type(const ast::ParamsDecl& p) const; // rag::Error if a field is not static
@@ -48,8 +53,15 @@ struct Program {
     // A record type by name: a params group `Model`, an array of one `Layer[4]`, or Adam state
     // `Adam[Model]`. rag::Error if there is none.
     VType record_type(std::string_view name) const;
-    // The name of the record type `t` denotes (`Model`, `Layer[4]`, `Adam[Model]`), if any.
+    // The name of the record type `t` denotes (`Model`, `Layer[4]`, `Adam[Model]`,
+    // `Linear[384, 128]`, `Linear[384, 128][2]`), if any.
     std::optional<std::string> record_name(const ast::TypeExpr& t) const;
+    // The group of a sized-group pattern such as `Linear[I, O]` in a signature (a size is a
+    // name, bound where the function is called); null for anything else.
+    const ast::ParamsDecl* sized_group(const ast::TypeExpr& t) const;
+    // A record name in canonical spelling: no spaces except one after each comma
+    // (`Linear[4,8]` -> `Linear[4, 8]`). Init keys, checkpoints and caches use this spelling.
+    static std::string canonical(std::string_view name);
     // Every tensor of a record type with its dotted name, schema and declaring field (null
     // for Adam state, which starts at zero), in flattening order.
     struct Leaf {
@@ -65,8 +77,9 @@ struct Program {
 constexpr std::uintmax_t kMaxSourceBytes = 16u << 20;
 std::string read_source(const std::string& path);
 
-// Parses `src` and its imports. Diagnostics go to `diags` (for the file they are in).
-Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags);
+// Parses `src` and its imports, then appends the standard library (frontend/stdlib.hpp) unless
+// `with_stdlib` is false. Diagnostics go to `diags` (for the file they are in).
+Program load_program(std::shared_ptr<SourceFile> src, Diagnostics& diags, bool with_stdlib = true);
 
 struct Lowered {
     ir::Function fn;
@@ -89,6 +102,10 @@ bool has_ragged(const ast::TypeExpr& t);
 // A declared tensor type is batched when it has a ragged dimension or its first dimension is
 // one of the signature's batch names.
 bool is_batched(const ast::TypeExpr& t, const std::set<std::string>& batch);
+
+// A function without a concrete type of its own: it has type parameters (`fn f[T]`) or a
+// sized-group parameter with size names (`p: Linear[I, O]`); checked where it is called.
+bool is_generic(const Program& prog, const ast::FnDecl& fn);
 
 // Type-checks every non-generic function on its declared types.
 void check(const Program& prog, Diagnostics& diags);

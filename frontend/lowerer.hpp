@@ -37,6 +37,7 @@ struct Bindings {
     // At an entry point the arguments are relabelled with the declared ragged names, so any
     // ragged axis may bind to a declared name (extents are then checked per sample).
     bool relabel_ragged = false;
+    std::string conflict; // a size name bound to two extents (match_type's message names it)
 };
 
 // Results of user-function calls already inlined into one IR function, keyed by the callee and

@@ -582,7 +582,13 @@ auto const push_dim =
 auto const tensor_type = (ident >> x3::lit('['))[act([](ast::TypeExpr& t, std::string& s) {
                              t.kind = Type::tensor, t.dtype = std::move(s);
                          })] > -(dim[push_dim] >> *(x3::lit(',') > dim[push_dim])) >
-                         named("']' to close the dimensions", ']');
+                         named("']' to close the dimensions", ']') >
+                         // `Linear[384, 128][4]`: an array of a sized params group.
+                         -(x3::lit('[') >
+                           named<ast::DimExpr>("an array extent",
+                                               dim)[act([](ast::TypeExpr& t, ast::DimExpr& d) {
+                               t.array = std::move(d);
+                           })] > named("']' to close the array extent", ']'));
 auto const named_type = ident[act(
     [](ast::TypeExpr& t, std::string& s) { t.kind = Type::named, t.name = std::move(s); })];
 auto const to_tuple_type = [](auto& ctx) {
@@ -684,11 +690,18 @@ auto const field_def =
               operand("an initialiser such as normal(0.02) after '='", expr)[act(
                   [](ast::ParamField& f, Node& n) { f.init = share(std::move(n)); })])];
 auto const top_keyword = kw("fn") | kw("params") | kw("import");
+auto const push_size =
+    act([](ast::ParamsDecl& p, std::string& s) { p.sizes.push_back(std::move(s)); });
+auto const size_params = x3::lit('[') >
+                         named<std::string>("a size parameter name", decl_ident)[push_size] >
+                         *(x3::lit(',') >
+                           named<std::string>("a size parameter name", decl_ident)[push_size]) >
+                         named("']' to close the size parameters", ']');
 auto const push_field =
     act([](ast::ParamsDecl& p, ast::ParamField& f) { p.fields.push_back(std::move(f)); });
 auto const params_decl_def =
     spanned[kw("params") > named<Name>("a name after 'params'", decl_name)[declared("params")] >
-            named("'{' to start the fields of {decl}", '{') >
+            -size_params > named("'{' to start the fields of {decl}", '{') >
             *(!top_keyword >> field[push_field] >> -(x3::lit(',') | x3::lit(';'))) >
             named("a field or '}' to close {decl}", '}')];
 

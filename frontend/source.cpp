@@ -75,7 +75,8 @@ std::string SourceFile::format(const Diagnostic& d) const {
     if (to < int(src.size())) shown += "...";
     if (col > to) marks += '^'; // at the end of the line
     return path_ + ":" + std::to_string(line) + ":" + std::to_string(col) +
-           ": error: " + shortened(d.message) + "\n    " + shown + "\n    " + marks + "\n";
+           (d.note ? ": note: " : ": error: ") + shortened(d.message) + "\n    " + shown +
+           "\n    " + marks + "\n";
 }
 
 void Diagnostics::error(Span s, std::string message, const SourceFile* file) {
@@ -84,6 +85,18 @@ void Diagnostics::error(Span s, std::string message, const SourceFile* file) {
             d.message == message)
             return;
     items_.push_back({s, std::move(message), file});
+}
+
+void Diagnostics::note(Span s, std::string message, const SourceFile* file) {
+    for (const auto& d : notes_)
+        if (d.span.begin == s.begin && d.file == file && d.message == message) return;
+    notes_.push_back({s, std::move(message), file, true});
+}
+
+std::string Diagnostics::notes_str() const {
+    std::string out;
+    for (const auto& d : notes_) out += (d.file ? d.file : src_)->format(d);
+    return out;
 }
 
 std::string Diagnostics::str() const {

@@ -19,6 +19,7 @@ struct Diagnostic {
     Span span;
     std::string message;
     const SourceFile* file = nullptr; // null: the Diagnostics' own file
+    bool note = false;                // a note: reported, not an error
 };
 
 class SourceFile {
@@ -45,14 +46,18 @@ class Diagnostics {
     // Reports once: the same message at the same place (an error inside a function that is
     // inlined at several calls) is kept a single time.
     void error(Span s, std::string message, const SourceFile* file = nullptr);
-    bool empty() const { return items_.empty(); }
+    // A note (such as which of two definitions is used): shown, compilation goes on.
+    void note(Span s, std::string message, const SourceFile* file = nullptr);
+    bool empty() const { return items_.empty(); } // no errors (notes do not count)
+    const std::vector<Diagnostic>& notes() const { return notes_; }
+    std::string notes_str() const; // every note formatted
     const std::vector<Diagnostic>& items() const { return items_; }
     const SourceFile& source() const { return *src_; }
     std::string str() const; // every diagnostic formatted, in source order
 
   private:
     const SourceFile* src_;
-    std::vector<Diagnostic> items_;
+    std::vector<Diagnostic> items_, notes_;
 };
 
 } // namespace rag

@@ -2,6 +2,8 @@
 
 #include "runtime/error.hpp"
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 namespace rag::frontend {
@@ -30,23 +32,123 @@ std::string initialiser_problem(const ast::Expr& e) {
     return "";
 }
 
+// Where a sized group is used: `Linear[384, 128]` or `Linear[I, O]` with the right number of
+// sizes; a group without sizes takes one (`Layer[4]`, an array) and a sized group is never
+// bare. "" when `t` is fine.
+std::string sizes_problem(const Program& prog, const ast::TypeExpr& t) {
+    for (const auto& e : t.elems)
+        if (auto why = sizes_problem(prog, e); !why.empty()) return why;
+    if (t.kind == ast::TypeExpr::Kind::named) {
+        const ast::ParamsDecl* g = prog.find_params(t.name);
+        if (g && !g->sizes.empty()) {
+            std::string s;
+            for (const auto& n : g->sizes) s += (s.empty() ? "" : ", ") + n;
+            return "params " + t.name + " needs its sizes: " + t.name + "[" + s + "]";
+        }
+        return "";
+    }
+    if (t.kind != ast::TypeExpr::Kind::tensor || t.dtype == "Adam") return "";
+    const ast::ParamsDecl* g = prog.find_params(t.dtype);
+    if (!g) return "";
+    for (const auto& d : t.dims)
+        if (d.kind == ast::DimExpr::Kind::ragged)
+            return "a params type takes integers or size names in brackets, got ~" + d.name;
+    if (g->sizes.empty()) {
+        if (t.dims.size() != 1)
+            return "params " + g->name + " has no sizes: " + g->name +
+                   "[n] is an array of n, got " + std::to_string(t.dims.size()) + " extents";
+        return "";
+    }
+    if (t.dims.size() != g->sizes.size()) {
+        std::string s;
+        for (const auto& n : g->sizes) s += (s.empty() ? "" : ", ") + n;
+        return "params " + g->name + " takes " + std::to_string(g->sizes.size()) + " size" +
+               (g->sizes.size() == 1 ? "" : "s") + " [" + s + "], got " +
+               std::to_string(t.dims.size());
+    }
+    return "";
+}
+
+// In `params Linear[I, O]`, a field's dimensions are integers or the sizes I, O.
+std::string unknown_size(const ast::ParamsDecl& p, const ast::TypeExpr& t) {
+    for (const auto& e : t.elems)
+        if (auto why = unknown_size(p, e); !why.empty()) return why;
+    auto known = [&](const ast::DimExpr& d) {
+        return d.kind != ast::DimExpr::Kind::symbolic ||
+               std::find(p.sizes.begin(), p.sizes.end(), d.name) != p.sizes.end();
+    };
+    std::vector<ast::DimExpr> dims = t.dims;
+    if (t.array) dims.push_back(*t.array);
+    for (const auto& d : dims)
+        if (!known(d)) {
+            std::string s;
+            for (const auto& n : p.sizes) s += (s.empty() ? "" : ", ") + n;
+            return "unknown size '" + d.name + "' (the sizes of " + p.name + " are " + s + ")";
+        }
+    return "";
+}
+
+std::string where(const SourceFile* f, Span s) {
+    auto [line, col] = f->line_col(s.begin);
+    return f->path() + ":" + std::to_string(line) + ":" + std::to_string(col);
+}
+
 } // namespace
 
 void validate(const Program& prog, Diagnostics& diags) {
-    std::set<std::string> fns, groups;
+    // The first declaration of each name: a user's definition shadows the standard library's
+    // (a note says so); two user definitions, or two stdlib ones, are an error.
+    struct Decl {
+        const SourceFile* file;
+        Span span;
+        bool stdlib;
+    };
+    std::map<std::string, Decl> fns, groups;
+    auto declare = [&](std::map<std::string, Decl>& seen, const std::string& kind,
+                       const std::string& name, Span span, const Program::Unit& u) {
+        Decl d{u.src.get(), span, u.stdlib};
+        auto [it, fresh] = seen.emplace(name, d);
+        if (fresh) return true;
+        if (it->second.stdlib == u.stdlib) {
+            diags.error(span, kind + " " + name + " is defined twice", u.src.get());
+            return false;
+        }
+        const Decl& user = u.stdlib ? it->second : d;
+        const Decl& lib = u.stdlib ? d : it->second;
+        diags.note(user.span,
+                   kind + " " + name + " shadows the standard library's " + name + " (" +
+                       where(lib.file, lib.span) + "): this definition is used" +
+                       (kind == "fn" ? " (the library's own layers keep calling theirs)"
+                                     : ", also where the library's groups contain a " + name),
+                   user.file);
+        if (!u.stdlib) it->second = d;
+        return false;
+    };
     for (const auto& u : prog.units) {
         const SourceFile* file = u.src.get();
         for (const auto& p : u.module.params) {
-            if (!groups.insert(p.name).second)
-                diags.error(p.name_span, "params " + p.name + " is defined twice", file);
-            std::set<std::string> fields;
+            declare(groups, "params", p.name, p.name_span, u);
+            if (u.stdlib) continue; // checked once per process (frontend/stdlib.cpp)
+            const std::size_t before = diags.items().size();
+            std::set<std::string> fields, sizes;
+            for (const auto& n : p.sizes)
+                if (!sizes.insert(n).second)
+                    diags.error(p.name_span, "params " + p.name + ": size " + n + " is given twice",
+                                file);
             for (const auto& f : p.fields) {
                 if (!fields.insert(f.name).second)
                     diags.error(f.span, p.name + "." + f.name + " is declared twice", file);
-                if (f.init && !prog.record_name(f.type))
+                if (auto why = sizes_problem(prog, f.type); !why.empty())
+                    diags.error(f.type.span, p.name + "." + f.name + ": " + why, file);
+                else if (auto why = unknown_size(p, f.type); !p.sizes.empty() && !why.empty())
+                    diags.error(f.type.span, p.name + "." + f.name + ": " + why, file);
+                if (f.init && !prog.record_name(f.type) && !prog.sized_group(f.type))
                     if (auto why = initialiser_problem(*f.init); !why.empty())
                         diags.error(f.init->span, p.name + "." + f.name + ": " + why, file);
             }
+            // A group with sizes is checked where it is given them; one with a bad field
+            // already said so.
+            if (!p.sizes.empty() || diags.items().size() != before) continue;
             try {
                 prog.record_type(p.name);
             } catch (const Error& e) {
@@ -62,17 +164,23 @@ void validate(const Program& prog, Diagnostics& diags) {
             }
         }
         for (const auto& f : u.module.fns) {
-            if (!fns.insert(f.name).second)
-                diags.error(f.name_span, "fn " + f.name + " is defined twice", file);
+            declare(fns, "fn", f.name, f.name_span, u);
+            if (u.stdlib) continue;
             std::set<std::string> names;
             for (const auto& t : f.type_params)
                 if (!names.insert(t).second)
                     diags.error(f.name_span, f.name + ": type parameter " + t + " is given twice",
                                 file);
-            for (const auto& a : f.params)
+            for (const auto& a : f.params) {
                 if (!names.insert(a.name).second)
                     diags.error(a.span, f.name + ": parameter '" + a.name + "' is given twice",
                                 file);
+                if (auto why = sizes_problem(prog, a.type); !why.empty())
+                    diags.error(a.type.span, f.name + ": parameter '" + a.name + "': " + why, file);
+            }
+            if (f.result)
+                if (auto why = sizes_problem(prog, *f.result); !why.empty())
+                    diags.error(f.result->span, f.name + ": result: " + why, file);
         }
     }
 }

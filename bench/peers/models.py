@@ -6,8 +6,22 @@ import math
 LR = {"square": 0.01, "rect": 0.01, "nonleading": 0.01, "encoder": 0.1}
 
 
+# examples/encoder.rag builds on the standard library (`layer.att.wq`, `layer.ln1.g`,
+# `layer.mlp.fc1.w`, `head.w`); the losses below use the flat names (`wq`, `ln1_g`, `w1`).
+FLAT = [("layer.att.", ""), ("layer.mlp.fc1.w", "w1"), ("layer.mlp.fc1.b", "b1"),
+        ("layer.mlp.fc2.w", "w2"), ("layer.mlp.fc2.b", "b2"), ("layer.ln1.", "ln1_"),
+        ("layer.ln2.", "ln2_"), ("head.w", "head")]
+
+
+def flat_name(k):
+    for a, b in FLAT:
+        if k.startswith(a):
+            return b + k[len(a):]
+    return k
+
+
 def params(torch, arrays):
-    return {k[2:]: torch.tensor(v, requires_grad=True) for k, v in arrays.items()
+    return {flat_name(k[2:]): torch.tensor(v, requires_grad=True) for k, v in arrays.items()
             if k.startswith("p.")}
 
 

@@ -46,7 +46,23 @@ cfg = MODELS[a.model]
 z = np.load(a.dump)
 n = z["n"]
 B, H = len(n), cfg["heads"]
-p = {k[2:]: torch.tensor(z[k], requires_grad=True) for k in z.files if k.startswith("p.")}
+# examples/*.rag build on the standard library's groups (`layers.0.att.wq`, `tok.table`);
+# bench/text/bert_small.rag keeps flat fields (`layers.0.wq`, `tok`). One spelling here.
+FLAT = [(".att.", "."), (".ln1.g", ".ln1_g"), (".ln1.b", ".ln1_b"), (".ln2.g", ".ln2_g"),
+        (".ln2.b", ".ln2_b"), (".mlp.fc1.w", ".w1"), (".mlp.fc1.b", ".b1"), (".mlp.fc2.w", ".w2"),
+        (".mlp.fc2.b", ".b2")]
+TOP = {"tok.table": "tok", "pos.table": "pos", "ln.g": "ln_g", "ln.b": "ln_b", "cls.w": "cls_w",
+       "cls.b": "cls_b", "lnf.g": "lnf_g", "lnf.b": "lnf_b", "head.w": "head"}
+
+
+def flat_name(k):
+    for a, b in FLAT:
+        k = k.replace(a, b)
+    return TOP.get(k, k)
+
+
+p = {flat_name(k[2:]): torch.tensor(z[k], requires_grad=True)
+     for k in z.files if k.startswith("p.")}
 ids_pad = torch.tensor(z["ids"]).long()
 labels = torch.tensor(z["labels"])
 causal = cfg["causal"]

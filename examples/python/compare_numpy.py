@@ -38,15 +38,16 @@ def encoder(x, p, heads=4):
     if n == 0:
         return x
     d = c // heads
-    q, k, v = ((x @ p[w]).reshape(n, heads, d) for w in ("wq", "wk", "wv"))
+    q, k, v = ((x @ p["layer.att." + w]).reshape(n, heads, d) for w in ("wq", "wk", "wv"))
     s = np.einsum("ihd,jhd->hij", q, k) / math.sqrt(d)
     a = np.exp(s - s.max(-1, keepdims=True))
     a /= a.sum(-1, keepdims=True)
-    att = np.einsum("hij,jhd->ihd", a, v).reshape(n, c) @ p["wo"]
-    h = layernorm(x + att, p["ln1_g"], p["ln1_b"])
-    u = h @ p["w1"] + p["b1"]
+    att = np.einsum("hij,jhd->ihd", a, v).reshape(n, c) @ p["layer.att.wo"]
+    h = layernorm(x + att, p["layer.ln1.g"], p["layer.ln1.b"])
+    u = h @ p["layer.mlp.fc1.w"] + p["layer.mlp.fc1.b"]
     gelu = u * 0.5 * (1 + np.vectorize(math.erf)(u / math.sqrt(2)))
-    return layernorm(h + gelu @ p["w2"] + p["b2"], p["ln2_g"], p["ln2_b"])
+    return layernorm(h + gelu @ p["layer.mlp.fc2.w"] + p["layer.mlp.fc2.b"], p["layer.ln2.g"],
+                     p["layer.ln2.b"])
 
 
 def errors(got, want):

@@ -20,7 +20,7 @@ wall = time.perf_counter() - t0
 st = m.stats()["train_step"]
 print(json.dumps({"wall": wall, "compile_seconds": st["compile_seconds"],
                   "disk_cache_hits": st["disk_cache_hits"],
-                  "bits": np.asarray(q.wq).tobytes().hex() + repr(float(np.asarray(loss)))}))
+                  "bits": np.asarray(q["layer.att.wq"]).tobytes().hex() + repr(float(np.asarray(loss)))}))
 """
 
 
