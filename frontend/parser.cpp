@@ -418,6 +418,11 @@ auto literal_bool(bool b) {
     };
 }
 
+auto const string_expr = [](auto& ctx) {
+    x3::_val(ctx).e.kind = ast::Expr::Kind::string;
+    x3::_val(ctx).e.name = std::move(x3::_attr(ctx));
+};
+
 auto const name_expr = [](auto& ctx) {
     x3::_val(ctx).e.kind = ast::Expr::Kind::name;
     x3::_val(ctx).e.name = std::move(x3::_attr(ctx));
@@ -490,7 +495,7 @@ auto const postfix_def =
             *(call_suffix[apply_call] | index_suffix[apply_index] | member_suffix[apply_member])];
 auto const primary_def =
     spanned[number[set] | kw("true")[literal_bool(true)] | kw("false")[literal_bool(false)] |
-            ident[name_expr] |
+            ident[name_expr] | string_lit[string_expr] |
             ((x3::lit('(') > operand("an expression after '('", expr)[set]) >
              -(x3::lit(',')[to_tuple] >> -((expr[push_elem] % ',') >> -x3::lit(','))) >
              named("')' to close the parentheses", ')'))];
