@@ -31,7 +31,7 @@ def test_training_lowers_the_loss_and_compiles_once(model):
     data = batch(rng, LENGTHS[0])
     losses = []
     for _ in range(4):
-        loss, p, st = model.train_step(*data, p, st, np.float32(3e-3))
+        loss, p, st = model.train_step(*data, p, st, np.float32(3e-4))
         losses.append(float(loss))
     assert all(np.isfinite(losses)), losses
     assert losses[-1] < losses[0] and all(b < a for a, b in zip(losses, losses[1:])), losses
