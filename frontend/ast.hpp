@@ -76,6 +76,7 @@ struct Expr {
         integer,  // ival
         floating, // fval
         boolean,  // bval
+        string,   // name: a double-quoted literal (einsum's spec), without the quotes
         name,     // name
         unary,    // op ("-"), operands[0]
         binary,   // op ("+" "-" "*" "/" "@" "**" "<" "<=" ">" ">=" "==" "!="), operands[0..1]

@@ -102,6 +102,8 @@ std::string to_sexpr(const ast::Expr& e) {
         return number(e.fval);
     case K::boolean:
         return e.bval ? "true" : "false";
+    case K::string:
+        return "\"" + e.name + "\"";
     case K::name:
         return e.name;
     case K::string:

@@ -1,6 +1,7 @@
 // The builtin functions of the language (LANGUAGE.md §4) and how each lowers to op-table ops.
 // Keyword and positional arguments are matched against a small signature per builtin;
 // attributes (axis=, eps=, causal=, map=) must be compile-time constants.
+#include "frontend/einsum.hpp"
 #include "frontend/lowerer.hpp"
 
 #include <cmath>
@@ -502,10 +503,12 @@ const std::map<std::string, Builtin, std::less<>>& table() {
             return simple(L, c, "rmsnorm", {"x", "g"}, {{"eps", 'f'}});
         };
         m["dropout"] = [](Lowerer& L, const ast::Expr& c) {
-            Args a = match(L, c, "dropout", {"x", "p", "seed"});
+            Args a = match(L, c, "dropout", {"x", "p", "seed", "shared_axis?"});
             Attrs at;
             at.set("p", L.constant(*a.get("p"), "p"));
             at.set("seed", int_attr(L, *a.get("seed"), "seed"));
+            if (auto* e = a.get("shared_axis"))
+                at.set("shared_axis", int_attr(L, *e, "shared_axis"));
             return LV::tensor(L.op(c.span, "dropout", {L.tensor(*a.get("x"))}, at));
         };
         m["transpose"] = [](Lowerer& L, const ast::Expr& c) {
@@ -546,8 +549,30 @@ const std::map<std::string, Builtin, std::less<>>& table() {
         m["lengths"] = [](Lowerer& L, const ast::Expr& c) {
             return simple(L, c, "lengths", {"x"}, {{"axis", 'i'}});
         };
+        // attention(q, k, v, bias=, axis=, causal=, scale=): with a bias (or axis=2, pair
+        // states) it is the biased_attention op, else the plain one.
         m["attention"] = [](Lowerer& L, const ast::Expr& c) {
-            return simple(L, c, "attention", {"q", "k", "v"}, {{"causal", 'b'}, {"scale", 'f'}});
+            Args a =
+                match(L, c, "attention", {"q", "k", "v", "bias?", "axis?", "causal?", "scale?"});
+            std::vector<int> ins;
+            for (const char* n : {"q", "k", "v"}) ins.push_back(L.tensor(*a.get(n)));
+            Attrs at;
+            if (auto* e = a.get("causal")) at.set("causal", bool_attr(L, *e, "causal"));
+            if (auto* e = a.get("scale")) at.set("scale", L.constant(*e, "scale"));
+            const std::int64_t axis = a.get("axis") ? int_attr(L, *a.get("axis"), "axis") : 1;
+            if (axis != 1 && axis != 2)
+                L.error(a.get("axis")->span, "attention: axis must be 1 (singles) or 2 (along "
+                                             "the second axis of pair states), got " +
+                                                 std::to_string(axis));
+            if (!a.get("bias")) {
+                if (axis == 2)
+                    L.error(c.span,
+                            "attention(axis=2) on pair states needs bias= ([B, ~N, ~N, H])");
+                return LV::tensor(L.op(c.span, "attention", ins, at));
+            }
+            ins.push_back(L.tensor(*a.get("bias")));
+            at.set("axis", axis);
+            return LV::tensor(L.op(c.span, "biased_attention", ins, at));
         };
         m["relpos_attention"] = [](Lowerer& L, const ast::Expr& c) {
             Args a = match(L, c, "relpos_attention",
@@ -581,6 +606,7 @@ const std::map<std::string, Builtin, std::less<>>& table() {
             at.set("size", int_attr(L, *a.get("p"), "p"));
             return LV::tensor(L.op(c.span, "patches", {L.tensor(*a.get("x"))}, at));
         };
+        m["einsum"] = einsum;
         m["sgd"] = sgd;
         m["adam"] = adam;
         m["clip_norm"] = clip_norm;

@@ -1026,6 +1026,9 @@ LV Lowerer::expr(const ast::Expr& e) {
         return LV::number(e.fval);
     case K::boolean:
         return LV::number(e.bval ? 1.0 : 0.0);
+    case K::string:
+        error(e.span,
+              "a string is only einsum's first argument: einsum(\"bikc,bjkc->bijc\", a, b)");
     case K::name: {
         if (LV* v = lookup(e.name)) {
             if (v->kind == LV::Kind::error) throw Abandon{};

@@ -222,6 +222,30 @@ int Padder::attention(int q, int k, int v, const Attrs& attrs) {
     return T(o, 1, 2);                       // [B, ~N, H, Dv]
 }
 
+// attention with a bias as padded frameworks run it: the logits of every row materialised over
+// the envelope ([B, H, N_max, M_max] on singles, [B, N_max, H, N_max, N_max] on pair states),
+// the bias added, padded keys masked out before the softmax.
+int Padder::biased_attention(int q, int k, int v, int bias, const Attrs& attrs) {
+    if (attrs.get_bool("causal", false))
+        fail("padded execution: causal attention is not supported yet");
+    const Schema& qs = type(q);
+    const double D = double(qs.shape.axes.back().extent);
+    const double scale = attrs.get_float("scale", 1.0 / std::sqrt(D));
+    const std::int64_t r = attrs.get_int("axis", 1) - 1; // 1 on pair states: rows lead
+    auto T = [&](int x, std::int64_t a, std::int64_t b) {
+        return emit("transpose", {x}, {{"a", a}, {"b", b}});
+    };
+    int qt = T(q, r + 1, r + 2);                  // [B, (R,) H, ~N, D]
+    int kt = T(T(k, r + 1, r + 2), r + 2, r + 3); // [B, (R,) H, D, ~M]
+    int s = emit("scale", {emit("matmul", {qt, kt})}, {{"c", scale}});
+    int b = T(T(bias, 1, 3), 2, 3);                                        // [B, H, ~N, ~M]
+    if (r == 1) b = emit("index", {b}, {{"spec", std::string(":, new")}}); // [B, 1, H, ~N, ~M]
+    s = masked(emit("add", {s, b}), {int(r + 2)}, very_negative(qs.dtype));
+    int p = emit("softmax", {s}, {{"axis", r + 3}});
+    int o = emit("matmul", {p, T(v, r + 1, r + 2)}); // padded keys have p = 0
+    return T(o, r + 1, r + 2);
+}
+
 // cross_entropy / mse average over every position: with the padding set to 0 each padded
 // position adds a known constant (log K for cross-entropy, 0 for mse), which is taken out
 // again, and the mean is over the valid positions.
@@ -280,6 +304,8 @@ int Padder::op(std::string_view name, std::vector<int> args, const Attrs& attrs)
                         {{"dtype", std::string("i64")}});
         return emit(name, args, attrs);
     }
+    if (name == "biased_attention")
+        return biased_attention(args.at(0), args.at(1), args.at(2), args.at(3), attrs);
     if (name == "pad" || name == "unpad" || name == "mask" || name == "relpos_attention")
         fail("padded execution does not support ", name, " yet");
     // Image ops would need masks for the axes they derive (~H[::2]) and zeros in the padding

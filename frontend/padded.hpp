@@ -66,6 +66,7 @@ class Padder {
     int per_sample(int c, int like);
     int reduction(std::string_view name, int x, const Attrs& attrs);
     int attention(int q, int k, int v, const Attrs& attrs);
+    int biased_attention(int q, int k, int v, int bias, const Attrs& attrs);
     int mean_loss(std::string_view name, std::vector<int> args, int positions_of);
 
     ir::Builder& b_;

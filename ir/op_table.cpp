@@ -15,6 +15,7 @@ const OpTable& OpTable::builtin() {
         register_shape_ops(t);
         register_nn_ops(t);
         register_attention_ops(t);
+        register_biased_attention_ops(t);
         register_relpos_ops(t);
         register_gather_ops(t);
         register_image_ops(t);

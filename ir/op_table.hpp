@@ -98,6 +98,7 @@ void register_linalg_ops(OpTable& t);
 void register_shape_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
+void register_biased_attention_ops(OpTable& t);
 void register_relpos_ops(OpTable& t);
 void register_gather_ops(OpTable& t);
 void register_image_ops(OpTable& t);

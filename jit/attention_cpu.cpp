@@ -129,7 +129,9 @@ bool is_attention(const ir::Node& n) {
 }
 
 bool same_attention_grad(const ir::Node& a, const ir::Node& b) {
-    if (a.op != "attention_grad" || b.op != "attention_grad" || a.args != b.args) return false;
+    if (a.op != b.op || (a.op != "attention_grad" && a.op != "biased_attention_grad") ||
+        a.args != b.args)
+        return false;
     Attrs x = a.attrs, y = b.attrs;
     x.set("wrt", std::int64_t(0));
     y.set("wrt", std::int64_t(0));

@@ -10,7 +10,7 @@ namespace rag::jit {
 
 // Whether node n (attention or attention_grad of f32/f64) runs here.
 bool is_attention(const ir::Node& n);
-// Whether attention_grad nodes a and b differ only in `wrt`.
+// Whether attention_grad (biased_attention_grad) nodes a and b differ only in `wrt`.
 bool same_attention_grad(const ir::Node& a, const ir::Node& b);
 // Runs node i of f and the sibling gradient nodes `also`, writing vals.
 void run_attention(const ir::Function& f, int i, const std::vector<int>& also,

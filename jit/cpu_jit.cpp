@@ -3,6 +3,7 @@
 #include "ir/interpreter.hpp"
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
+#include "jit/biased_attention_cpu.hpp"
 #include "jit/blas.hpp"
 #include "jit/conv.hpp"
 #include "jit/elementwise_llvm.hpp"
@@ -342,7 +343,10 @@ bool run_host_step(const ir::Function& f, const Step& s, std::vector<RaggedTenso
         run_rowwise(f, s.index, s.also, vals);
         return true;
     case Step::Kind::attention:
-        run_attention(f, s.index, s.also, vals);
+        if (is_biased_attention(n))
+            run_biased_attention(f, s.index, s.also, vals);
+        else
+            run_attention(f, s.index, s.also, vals);
         return true;
     case Step::Kind::gemm:
         run_gemm(n, out, vals);

@@ -3,6 +3,7 @@
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
 #include "jit/conv.hpp"
+#include "jit/biased_attention_cpu.hpp"
 #include "jit/gather.hpp"
 #include "jit/layout.hpp"
 #include "jit/rowwise.hpp"
@@ -123,7 +124,7 @@ Plan make_plan(const ir::Function& f) {
             group_of[i] = int(p.groups.size()) - 1;
             continue;
         }
-        if (is_rowwise(n) || is_attention(n)) {
+        if (is_rowwise(n) || is_attention(n) || is_biased_attention(n)) {
             // layernorm_grad (attention_grad) wrt=0, 1, 2 of one call: one pass computes them.
             const bool rows = is_rowwise(n);
             Step s{rows ? Step::Kind::rowwise : Step::Kind::attention, int(i), {}};

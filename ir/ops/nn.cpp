@@ -243,9 +243,35 @@ double dropout_p(const Attrs& at) {
     return p;
 }
 
+// The counter of each packed element: its packed index; with shared_axis, its logical
+// position (sample i, then every per-sample index, the shared axis's taken as 0) in 20-bit
+// digits, k = (((i << 20) + j_0) << 20) + j_1 ... mod 2^64: one mask along the axis, and the
+// same mask for a sample's valid entries wherever it is stored (padded execution too).
+std::vector<std::int64_t> dropout_counters(const RaggedTensor& x, const Attrs& at) {
+    std::vector<std::int64_t> k(std::size_t(x.numel()));
+    if (!at.has("shared_axis")) {
+        for (std::size_t e = 0; e < k.size(); ++e) k[e] = std::int64_t(e);
+        return k;
+    }
+    const int a = kern::sample_axis(x.shape(), at.get_int("shared_axis"), "dropout");
+    for (std::int64_t i = 0; i < x.batch(); ++i) {
+        const kern::SampleView v = kern::sample_view(x.structure(), i);
+        kern::for_each_index(v.shape, [&](const std::vector<std::int64_t>& idx) {
+            std::uint64_t c = std::uint64_t(i);
+            for (std::size_t b = 0; b < idx.size(); ++b)
+                c = (c << 20) + (int(b) == a ? 0 : std::uint64_t(idx[b]));
+            k[std::size_t(v.at(idx))] = std::int64_t(c);
+        });
+    }
+    return k;
+}
+
 void add_dropout(OpTable& t) {
     t.add({"dropout", 1, 1,
-           "dropout(x, p, seed): y = u >= p ? x / (1 - p) : 0 for the element at packed index k, "
+           "dropout(x, p, seed, shared_axis=): y = u >= p ? x / (1 - p) : 0 for the element at "
+           "packed index k (with shared_axis: k = (((i << 20) + j_0) << 20) + j_1 ... of sample i "
+           "and "
+           "per-sample indices j with j_shared = 0, one mask shared along the axis), "
            "u = (splitmix64(seed * 0x9E3779B97F4A7C15 + k) >> 11) * 2^-53 (mod 2^64; splitmix64(z) "
            "adds 0x9E3779B97F4A7C15 then xor-shift-multiplies by 0xBF58476D1CE4E5B9 (>>30), "
            "0x94D049BB133111EB (>>27), xor >>31); p in [0, 1)",
@@ -253,14 +279,17 @@ void add_dropout(OpTable& t) {
                kern::require_float(in[0], "dropout", "x");
                dropout_p(at);
                at.get_int("seed");
+               if (at.has("shared_axis"))
+                   kern::sample_axis(in[0].shape, at.get_int("shared_axis"), "dropout");
                return in[0];
            },
            [](auto in, auto& at) {
                const double p = dropout_p(at);
                const std::int64_t seed = at.get_int("seed");
                auto v = in[0].to_f64();
-               for (std::size_t k = 0; k < v.size(); ++k)
-                   v[k] = dropout_uniform(seed, std::int64_t(k)) >= p ? v[k] / (1 - p) : 0.0;
+               const auto k = dropout_counters(in[0], at);
+               for (std::size_t e = 0; e < v.size(); ++e)
+                   v[e] = dropout_uniform(seed, k[e]) >= p ? v[e] / (1 - p) : 0.0;
                return RaggedTensor::from_f64(in[0].dtype(), in[0].structure_ptr(), v);
            },
            // Linear in x with a mask fixed by (seed, k): the cotangent has x's structure, so

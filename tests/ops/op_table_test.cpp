@@ -20,7 +20,7 @@ const char* required[] = {
     // training and padding
     "dropout", "mse", "cross_entropy", "pad", "mask", "lengths",
     // attention
-    "attention", "relpos_attention"};
+    "attention", "relpos_attention", "biased_attention"};
 
 TEST(OpTable, EveryRequiredOpIsRegistered) {
     for (const char* name : required) EXPECT_NE(OpTable::builtin().find(name), nullptr) << name;

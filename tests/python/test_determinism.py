@@ -30,6 +30,7 @@ LENGTHS = {
     # Images: heights; widths are the heights reversed (several GEMM blocks per image).
     "fcn.rag": [40, 64, 24, 52],
     "vit.rag": [32, 80, 48, 64],
+    "pairformer.rag": [12, 20, 7],  # pair states: 20 * 20 * 128 cells in the largest sample
 }
 
 
@@ -66,6 +67,14 @@ def run_child():
                     args.append(rag.ragged([rng.integers(0, 4, (-(-h // 4) * 4, -(-w // 4) * 4))
                                             for h, w in zip(lengths, lengths[::-1])],
                                            ragged_axes=[0, 1]))
+                elif t.startswith("f32[B") and "~N, ~N" in t:  # a pair state
+                    width = int(t.rstrip("]").split(",")[-1])
+                    args.append(rag.ragged([rng.standard_normal((k, k, width)).astype(np.float32)
+                                            for k in lengths], ragged_axes=f"~N, ~N, {width}"))
+                elif t.startswith("f32[B") and path.name == "pairformer.rag":  # singles of ~N
+                    width = int(t.rstrip("]").split(",")[-1])
+                    args.append(rag.ragged([rng.standard_normal((k, width)).astype(np.float32)
+                                            for k in lengths]))
                 elif t.startswith("f32[B"):
                     width = int(t.rstrip("]").split(",")[-1])
                     n = lengths if a == "x" else [max(1, k // 2) for k in lengths]
@@ -104,7 +113,7 @@ def child(rag_threads, blas_threads):
 
 def test_every_example_gradient_is_bitwise_equal_across_thread_counts():
     base = child(1, 1)
-    assert len(base) == 12  # every loss of every example ran
+    assert len(base) == 13  # every loss of every example ran
     for rag_threads, blas_threads in [(2, 1), (3, 1), (1, 2), (3, 2)]:
         got = child(rag_threads, blas_threads)
         differ = [f"{fn}.{k}" for fn in base for k in base[fn] if got[fn][k] != base[fn][k]]

@@ -49,6 +49,11 @@ fn att(q: f32[B, ~N, 2, 8], k: f32[B, ~N, 2, 8], v: f32[B, ~N, 2, 8]) -> f32[B, 
 fn rel(q: f32[B, ~N, 2, 8], k: f32[B, ~N, 2, 8], v: f32[B, ~N, 2, 8], t: f32[9, 2, 8]) -> f32[B, ~N, 2, 8] {
     return relpos_attention(q, k, v, map=clip(4), aq=t)
 }
+fn tri(q: f32[B, ~N, ~N, 2, 8], b: f32[B, ~N, ~N, 2]) -> f32[B, ~N, ~N, 2, 8] {
+    return attention(q, q, q, axis=2, bias=b)
+}
+fn pb(q: f32[B, ~N, 2, 8], b: f32[B, ~N, ~N, 2]) -> f32[B, ~N, 2, 8] { return attention(q, q, q, bias=b) }
+fn trimul(a: f32[B, ~N, ~N, 8]) -> f32[B, ~N, ~N, 8] { return einsum("bkic,bkjc->bijc", a, a) }
 fn rel64(q: f64[B, ~N, 2, 8], k: f64[B, ~N, 2, 8], v: f64[B, ~N, 2, 8], t: f64[9, 2, 8]) -> f64[B, ~N, 2, 8] {
     return relpos_attention(q, k, v, map=clip(4), aq=t)
 }
