@@ -1,5 +1,6 @@
 #include "jit/relpos_programs.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace rag::jit {
@@ -798,6 +799,72 @@ kir::Kernel relpos_table_reduce_program() {
         });
     });
     return b.finish();
+}
+
+RelposFlops relpos_executed_flops(const RelposShape& s, const std::vector<std::int64_t>& lengths,
+                                  std::int64_t H, std::int64_t Delta) {
+    const std::int64_t J = RelposShape::J, G = J; // the strip G is J (relpos_setup)
+    const double D = double(s.D), Dv = double(s.Dv);
+    const bool pq = s.aq && !s.saved, pk = s.ak && !s.saved;
+    auto row = [&](std::int64_t d) { return std::clamp(d, -Delta, Delta) + Delta; };
+    auto pad = [](std::int64_t r) { return double((r + block - 1) / block * block); };
+    // products() over `rows` rows, J columns and `width` deep; a projection onto `rows` rows.
+    auto prod = [&](std::int64_t rows, double width) { return 2 * pad(rows) * double(J) * width; };
+    RelposFlops f;
+    for (std::int64_t n : lengths) {
+        double fw = 0, bw = 0;
+        // Forward (and the projection program): per strip of queries, per key tile.
+        for (std::int64_t i0 = 0; i0 < n; i0 += G) {
+            const std::int64_t rows = std::min(G, n - i0);
+            const std::int64_t qlo = row(s.causal ? 0 : i0 - n + 1);
+            const std::int64_t wq = row(i0 + rows - 1) - qlo + 1;
+            if (pq) fw += prod(wq, D);
+            if (s.saved && s.aq) fw += prod(wq, D);
+            if (s.saved && s.ak) {
+                const std::int64_t lo = row(s.causal ? 0 : -(i0 + rows - 1));
+                fw += prod(row(n - 1 - i0) - lo + 1, D);
+            }
+            const std::int64_t kend = s.causal ? std::min(n, i0 + rows) : n;
+            for (std::int64_t j0 = 0; j0 < kend; j0 += J) {
+                const std::int64_t cols = std::min(J, kend - j0);
+                const std::int64_t klo = row(i0 - (j0 + cols - 1)), khi = row(i0 + rows - 1 - j0);
+                if (pk) fw += prod(khi - klo + 1, D);
+                fw += prod(rows, D) + 2.0 * double(rows * cols) * Dv;
+            }
+        }
+        // Query pass: per strip of queries, per key tile; then the strip's relation folds.
+        for (std::int64_t i0 = 0; i0 < n; i0 += G) {
+            const std::int64_t rows = std::min(G, n - i0);
+            const std::int64_t qlo = row(s.causal ? 0 : i0 - n + 1);
+            const std::int64_t wq = row(i0 + rows - 1) - qlo + 1;
+            if (pq) bw += prod(wq, D);
+            const std::int64_t kend = s.causal ? std::min(n, i0 + rows) : n;
+            for (std::int64_t j0 = 0; j0 < kend; j0 += J) {
+                const std::int64_t cols = std::min(J, kend - j0);
+                const std::int64_t klo = row(i0 - (j0 + cols - 1)), khi = row(i0 + rows - 1 - j0);
+                if (pk) bw += prod(khi - klo + 1, D);
+                bw += prod(cols, D) + prod(cols, Dv) + 2.0 * double(rows * cols) * D;
+            }
+            if (s.aq) bw += 2 * 2.0 * double(rows * wq) * D; // fold_rows, add_partial
+        }
+        // Key pass: per strip of keys, per query tile; then the strip's relation folds.
+        for (std::int64_t j0 = 0; j0 < n; j0 += G) {
+            const std::int64_t cols = std::min(G, n - j0);
+            const std::int64_t klo = row(s.causal ? 0 : -(j0 + cols - 1));
+            const std::int64_t wk = row(n - 1 - j0) - klo + 1;
+            if (pk) bw += prod(wk, D);
+            for (std::int64_t i0 = s.causal ? j0 : 0; i0 < n; i0 += J) {
+                const std::int64_t rows = std::min(J, n - i0);
+                const std::int64_t qlo = row(i0 - (j0 + cols - 1)), qhi = row(i0 + rows - 1 - j0);
+                if (pq) bw += prod(qhi - qlo + 1, D);
+                bw += prod(rows, D) + prod(rows, Dv) + 2.0 * double(rows * cols) * (Dv + D);
+            }
+            if (s.ak) bw += 2 * 2.0 * double(cols * wk) * D;
+        }
+        f.forward += fw * double(H);
+        f.backward += bw * double(H);
+    }
+    return f;
 }
 
 } // namespace rag::jit
