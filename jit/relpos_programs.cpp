@@ -30,6 +30,8 @@ constexpr std::int64_t lanes = 16;
 // Rows per pass of products(); the strip G (a multiple of it) and the scratch it writes are
 // sized for it.
 constexpr std::int64_t block = 4;
+// Terms added per load and store of an accumulator in products() and blocked_rows().
+constexpr std::int64_t depth = 4;
 
 // What every program shares: parameters, the input buffers, the strip it owns, and the
 // arithmetic of scores. Buffers are declared in the documented launch order.
@@ -159,15 +161,31 @@ struct Program {
                     Expr first = init ? b.let(init(ra.back()), "init") : Expr(0.0);
                     b.loop(0, Expr(J), [&](Expr c) { b.store(out, r.back() * J + c, first); });
                 }
-                b.loop(0, width, [&](Expr x) {
-                    std::vector<Expr> ax;
-                    for (std::int64_t k = 0; k < block; ++k) ax.push_back(b.let(a(ra[k], x), "ax"));
+                // x in groups of `depth`: each element of out is loaded and stored once per
+                // group, its sum still added in x order, so the loop is bound by FMAs rather
+                // than by stores.
+                auto group = [&](Expr x0, std::int64_t n) {
+                    std::vector<std::vector<Expr>> ax(block);
+                    for (std::int64_t k = 0; k < block; ++k)
+                        for (std::int64_t d = 0; d < n; ++d)
+                            ax[std::size_t(k)].push_back(b.let(a(ra[k], x0 + d), "ax"));
                     b.loop(0, Expr(J), [&](Expr c) {
-                        Expr y = b.let(b.load(bt, x * J + c), "y");
-                        for (std::int64_t k = 0; k < block; ++k)
-                            b.add_to(out, r[k] * J + c, ax[k] * y);
+                        std::vector<Expr> y;
+                        for (std::int64_t d = 0; d < n; ++d)
+                            y.push_back(b.let(b.load(bt, (x0 + d) * J + c), "y"));
+                        for (std::int64_t k = 0; k < block; ++k) {
+                            Expr acc = b.load(out, r[k] * J + c);
+                            for (std::int64_t d = 0; d < n; ++d)
+                                acc = acc + ax[std::size_t(k)][std::size_t(d)] * y[std::size_t(d)];
+                            b.store(out, r[k] * J + c, acc);
+                        }
                     });
-                });
+                };
+                const std::int64_t full = width / depth * depth;
+                if (full > 0)
+                    b.loop(0, Expr(full / depth),
+                           [&](Expr g) { group(b.let(g * depth, "x0"), depth); });
+                for (std::int64_t x = full; x < width; ++x) group(Expr(x), 1);
             },
             Loop::threads);
     }
@@ -335,17 +353,28 @@ struct Program {
                       const std::function<Expr(Expr, Expr)>& acc_at,
                       const std::function<Expr(Expr, Expr)>& weight,
                       const std::function<Expr(Expr, Expr)>& src) {
+        // c in groups of `depth` (then the last ones alone): each accumulator is loaded and
+        // stored once per group, its sum still added in c order.
         auto pass = [&](Expr first, std::int64_t nrows) {
-            b.loop(0, count, [&](Expr c) {
-                std::vector<Expr> wc;
+            auto group = [&](Expr c0, std::int64_t n) {
+                std::vector<std::vector<Expr>> wc(static_cast<std::size_t>(nrows));
                 for (std::int64_t k = 0; k < nrows; ++k)
-                    wc.push_back(b.let(weight(first + k, c), "wc"));
+                    for (std::int64_t d = 0; d < n; ++d)
+                        wc[std::size_t(k)].push_back(b.let(weight(first + k, c0 + d), "wc"));
                 b.loop(0, width, [&](Expr x) {
-                    Expr y = b.let(src(c, x), "y");
-                    for (std::int64_t k = 0; k < nrows; ++k)
-                        b.add_to(acc, acc_at(first + k, x), wc[std::size_t(k)] * y);
+                    std::vector<Expr> y;
+                    for (std::int64_t d = 0; d < n; ++d) y.push_back(b.let(src(c0 + d, x), "y"));
+                    for (std::int64_t k = 0; k < nrows; ++k) {
+                        Expr sum = b.load(acc, acc_at(first + k, x));
+                        for (std::int64_t d = 0; d < n; ++d)
+                            sum = sum + wc[std::size_t(k)][std::size_t(d)] * y[std::size_t(d)];
+                        b.store(acc, acc_at(first + k, x), sum);
+                    }
                 });
-            });
+            };
+            Expr groups = b.let(count / depth, "groups");
+            b.loop(0, groups, [&](Expr g) { group(b.let(g * depth, "c0"), depth); });
+            b.loop(groups * depth, count, [&](Expr c) { group(c, 1); });
         };
         Expr full = b.let(rows / block * block, "full");
         b.loop(

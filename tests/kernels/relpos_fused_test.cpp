@@ -557,7 +557,7 @@ TEST(RelposFused, ProgramsCompileToCompactIr) {
                                   jit::relpos_key_grad_program(s)}) {
                 const auto compiled = jit::compile_kernel_cpu(k);
                 const std::size_t bytes = compiled->llvm_ir().size();
-                EXPECT_LT(bytes, 200'000u) << k.name << " aq " << aq << " ak " << ak;
+                EXPECT_LT(bytes, 300'000u) << k.name << " aq " << aq << " ak " << ak;
                 // The products still vectorise along their contiguous index.
                 EXPECT_NE(compiled->llvm_ir().find("x float>"), std::string::npos) << k.name;
             }
