@@ -154,7 +154,22 @@ void KirLowering::for_range(llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
     b_.SetInsertPoint(inside);
     body(i);
     i->addIncoming(b_.CreateAdd(i, step), b_.GetInsertBlock());
-    b_.CreateBr(head);
+    llvm::BranchInst* latch = b_.CreateBr(head);
+    // O3 fully unrolls a constant-trip loop (a tile's J columns, a head's D features) before
+    // the loop vectoriser runs; LICM then promotes the unrolled accumulators (4 rows x 64
+    // columns) to scalars across the enclosing runtime loop, and the vectoriser turns that
+    // loop into hundreds of strided reductions: 700 KB of IR per backward program, seconds of
+    // compile time, and spilled registers at run time. Kept as loops, the constant loops are
+    // the innermost ones and vectorise along their contiguous index.
+    if (keep_constant_loops_ && llvm::isa<llvm::ConstantInt>(lo) &&
+        llvm::isa<llvm::ConstantInt>(hi)) {
+        auto& c = m_.getContext();
+        llvm::MDNode* off =
+            llvm::MDNode::get(c, llvm::MDString::get(c, "llvm.loop.unroll.disable"));
+        llvm::MDNode* self = llvm::MDNode::getDistinct(c, {nullptr, off});
+        self->replaceOperandWith(0, self);
+        latch->setMetadata(llvm::LLVMContext::MD_loop, self);
+    }
     b_.SetInsertPoint(exit);
 }
 
@@ -370,7 +385,9 @@ bool host_has_avx512() {
 
 class CpuLowering final : public KirLowering {
   public:
-    using KirLowering::KirLowering;
+    CpuLowering(llvm::Module& m, const kir::Kernel& k) : KirLowering(m, k) {
+        keep_constant_loops_ = true;
+    }
 
   protected:
     // exp as the intrinsic (libm; the loop vectoriser maps it to libmvec), plus glibc's

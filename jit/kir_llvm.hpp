@@ -61,6 +61,9 @@ class KirLowering {
     llvm::Module& m_;
     const kir::Kernel& k_;
     llvm::IRBuilder<> b_;
+    // CPU: counted loops whose bounds are both constants carry llvm.loop.unroll.disable, so
+    // the loop vectoriser sees them as loops (see for_range in kir_llvm.cpp).
+    bool keep_constant_loops_ = false;
 
   private:
     void emit(const kir::Stmt& s);

@@ -1,5 +1,6 @@
 #include "jit/relpos_programs.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace rag::jit {
@@ -29,6 +30,8 @@ constexpr std::int64_t lanes = 16;
 // Rows per pass of products(); the strip G (a multiple of it) and the scratch it writes are
 // sized for it.
 constexpr std::int64_t block = 4;
+// Terms added per load and store of an accumulator in products() and blocked_rows().
+constexpr std::int64_t depth = 4;
 
 // What every program shares: parameters, the input buffers, the strip it owns, and the
 // arithmetic of scores. Buffers are declared in the documented launch order.
@@ -158,15 +161,31 @@ struct Program {
                     Expr first = init ? b.let(init(ra.back()), "init") : Expr(0.0);
                     b.loop(0, Expr(J), [&](Expr c) { b.store(out, r.back() * J + c, first); });
                 }
-                b.loop(0, width, [&](Expr x) {
-                    std::vector<Expr> ax;
-                    for (std::int64_t k = 0; k < block; ++k) ax.push_back(b.let(a(ra[k], x), "ax"));
+                // x in groups of `depth`: each element of out is loaded and stored once per
+                // group, its sum still added in x order, so the loop is bound by FMAs rather
+                // than by stores.
+                auto group = [&](Expr x0, std::int64_t n) {
+                    std::vector<std::vector<Expr>> ax(block);
+                    for (std::int64_t k = 0; k < block; ++k)
+                        for (std::int64_t d = 0; d < n; ++d)
+                            ax[std::size_t(k)].push_back(b.let(a(ra[k], x0 + d), "ax"));
                     b.loop(0, Expr(J), [&](Expr c) {
-                        Expr y = b.let(b.load(bt, x * J + c), "y");
-                        for (std::int64_t k = 0; k < block; ++k)
-                            b.add_to(out, r[k] * J + c, ax[k] * y);
+                        std::vector<Expr> y;
+                        for (std::int64_t d = 0; d < n; ++d)
+                            y.push_back(b.let(b.load(bt, (x0 + d) * J + c), "y"));
+                        for (std::int64_t k = 0; k < block; ++k) {
+                            Expr acc = b.load(out, r[k] * J + c);
+                            for (std::int64_t d = 0; d < n; ++d)
+                                acc = acc + ax[std::size_t(k)][std::size_t(d)] * y[std::size_t(d)];
+                            b.store(out, r[k] * J + c, acc);
+                        }
                     });
-                });
+                };
+                const std::int64_t full = width / depth * depth;
+                if (full > 0)
+                    b.loop(0, Expr(full / depth),
+                           [&](Expr g) { group(b.let(g * depth, "x0"), depth); });
+                for (std::int64_t x = full; x < width; ++x) group(Expr(x), 1);
             },
             Loop::threads);
     }
@@ -334,17 +353,28 @@ struct Program {
                       const std::function<Expr(Expr, Expr)>& acc_at,
                       const std::function<Expr(Expr, Expr)>& weight,
                       const std::function<Expr(Expr, Expr)>& src) {
+        // c in groups of `depth` (then the last ones alone): each accumulator is loaded and
+        // stored once per group, its sum still added in c order.
         auto pass = [&](Expr first, std::int64_t nrows) {
-            b.loop(0, count, [&](Expr c) {
-                std::vector<Expr> wc;
+            auto group = [&](Expr c0, std::int64_t n) {
+                std::vector<std::vector<Expr>> wc(static_cast<std::size_t>(nrows));
                 for (std::int64_t k = 0; k < nrows; ++k)
-                    wc.push_back(b.let(weight(first + k, c), "wc"));
+                    for (std::int64_t d = 0; d < n; ++d)
+                        wc[std::size_t(k)].push_back(b.let(weight(first + k, c0 + d), "wc"));
                 b.loop(0, width, [&](Expr x) {
-                    Expr y = b.let(src(c, x), "y");
-                    for (std::int64_t k = 0; k < nrows; ++k)
-                        b.add_to(acc, acc_at(first + k, x), wc[std::size_t(k)] * y);
+                    std::vector<Expr> y;
+                    for (std::int64_t d = 0; d < n; ++d) y.push_back(b.let(src(c0 + d, x), "y"));
+                    for (std::int64_t k = 0; k < nrows; ++k) {
+                        Expr sum = b.load(acc, acc_at(first + k, x));
+                        for (std::int64_t d = 0; d < n; ++d)
+                            sum = sum + wc[std::size_t(k)][std::size_t(d)] * y[std::size_t(d)];
+                        b.store(acc, acc_at(first + k, x), sum);
+                    }
                 });
-            });
+            };
+            Expr groups = b.let(count / depth, "groups");
+            b.loop(0, groups, [&](Expr g) { group(b.let(g * depth, "c0"), depth); });
+            b.loop(groups * depth, count, [&](Expr c) { group(c, 1); });
         };
         Expr full = b.let(rows / block * block, "full");
         b.loop(
@@ -798,6 +828,72 @@ kir::Kernel relpos_table_reduce_program() {
         });
     });
     return b.finish();
+}
+
+RelposFlops relpos_executed_flops(const RelposShape& s, const std::vector<std::int64_t>& lengths,
+                                  std::int64_t H, std::int64_t Delta) {
+    const std::int64_t J = RelposShape::J, G = J; // the strip G is J (relpos_setup)
+    const double D = double(s.D), Dv = double(s.Dv);
+    const bool pq = s.aq && !s.saved, pk = s.ak && !s.saved;
+    auto row = [&](std::int64_t d) { return std::clamp(d, -Delta, Delta) + Delta; };
+    auto pad = [](std::int64_t r) { return double((r + block - 1) / block * block); };
+    // products() over `rows` rows, J columns and `width` deep; a projection onto `rows` rows.
+    auto prod = [&](std::int64_t rows, double width) { return 2 * pad(rows) * double(J) * width; };
+    RelposFlops f;
+    for (std::int64_t n : lengths) {
+        double fw = 0, bw = 0;
+        // Forward (and the projection program): per strip of queries, per key tile.
+        for (std::int64_t i0 = 0; i0 < n; i0 += G) {
+            const std::int64_t rows = std::min(G, n - i0);
+            const std::int64_t qlo = row(s.causal ? 0 : i0 - n + 1);
+            const std::int64_t wq = row(i0 + rows - 1) - qlo + 1;
+            if (pq) fw += prod(wq, D);
+            if (s.saved && s.aq) fw += prod(wq, D);
+            if (s.saved && s.ak) {
+                const std::int64_t lo = row(s.causal ? 0 : -(i0 + rows - 1));
+                fw += prod(row(n - 1 - i0) - lo + 1, D);
+            }
+            const std::int64_t kend = s.causal ? std::min(n, i0 + rows) : n;
+            for (std::int64_t j0 = 0; j0 < kend; j0 += J) {
+                const std::int64_t cols = std::min(J, kend - j0);
+                const std::int64_t klo = row(i0 - (j0 + cols - 1)), khi = row(i0 + rows - 1 - j0);
+                if (pk) fw += prod(khi - klo + 1, D);
+                fw += prod(rows, D) + 2.0 * double(rows * cols) * Dv;
+            }
+        }
+        // Query pass: per strip of queries, per key tile; then the strip's relation folds.
+        for (std::int64_t i0 = 0; i0 < n; i0 += G) {
+            const std::int64_t rows = std::min(G, n - i0);
+            const std::int64_t qlo = row(s.causal ? 0 : i0 - n + 1);
+            const std::int64_t wq = row(i0 + rows - 1) - qlo + 1;
+            if (pq) bw += prod(wq, D);
+            const std::int64_t kend = s.causal ? std::min(n, i0 + rows) : n;
+            for (std::int64_t j0 = 0; j0 < kend; j0 += J) {
+                const std::int64_t cols = std::min(J, kend - j0);
+                const std::int64_t klo = row(i0 - (j0 + cols - 1)), khi = row(i0 + rows - 1 - j0);
+                if (pk) bw += prod(khi - klo + 1, D);
+                bw += prod(cols, D) + prod(cols, Dv) + 2.0 * double(rows * cols) * D;
+            }
+            if (s.aq) bw += 2 * 2.0 * double(rows * wq) * D; // fold_rows, add_partial
+        }
+        // Key pass: per strip of keys, per query tile; then the strip's relation folds.
+        for (std::int64_t j0 = 0; j0 < n; j0 += G) {
+            const std::int64_t cols = std::min(G, n - j0);
+            const std::int64_t klo = row(s.causal ? 0 : -(j0 + cols - 1));
+            const std::int64_t wk = row(n - 1 - j0) - klo + 1;
+            if (pk) bw += prod(wk, D);
+            for (std::int64_t i0 = s.causal ? j0 : 0; i0 < n; i0 += J) {
+                const std::int64_t rows = std::min(J, n - i0);
+                const std::int64_t qlo = row(i0 - (j0 + cols - 1)), qhi = row(i0 + rows - 1 - j0);
+                if (pq) bw += prod(qhi - qlo + 1, D);
+                bw += prod(rows, D) + prod(rows, Dv) + 2.0 * double(rows * cols) * (Dv + D);
+            }
+            if (s.ak) bw += 2 * 2.0 * double(cols * wk) * D;
+        }
+        f.forward += fw * double(H);
+        f.backward += bw * double(H);
+    }
+    return f;
 }
 
 } // namespace rag::jit

@@ -71,4 +71,17 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s);
 // range, out ([H][U][width]); parameters H, U, samples, WP, width.
 kir::Kernel relpos_table_reduce_program();
 
+// The floating-point operations the programs above execute in their tile products (2 per
+// multiply-add: scores, dP, P V, dQ, dK, dV, the strip and tile relation projections, the
+// relation folds and table partials), counted from their tile schedule for samples of the
+// given lengths, H heads and saturation Delta: what the CPU actually computes, as opposed to
+// the paper's credited "useful" FLOPs (issue 20). Padding rows the products compute count;
+// exp, the softmax and the staging copies do not. The forward includes the projection program
+// when s.saved.
+struct RelposFlops {
+    double forward = 0, backward = 0;
+};
+RelposFlops relpos_executed_flops(const RelposShape& s, const std::vector<std::int64_t>& lengths,
+                                  std::int64_t H, std::int64_t Delta);
+
 } // namespace rag::jit

@@ -190,6 +190,23 @@ def rel_shift(x):
     return x[:, :, 1:].view(b, h, qlen, pos_len)
 
 
+def txl_position_terms(p, q, tables):
+    """NeMo's bd = rel_shift((q + v) p^T)[..., :N], [B, H, N, N]."""
+    pt, _, vb = tables
+    pos_emb = pt.flip(1)  # [H, 2N-1, D]: positions ordered L-1 .. -(L-1) (ours reversed)
+    bd = torch.matmul(q + vb[None, :, None, :], pos_emb.transpose(-1, -2)[None])
+    return rel_shift(bd)[:, :, :, : p.N]
+
+
+def txl_mask(p, q, k, tables):
+    """TXL's scores less q k^T, for the systems that add q k^T themselves (SDPA, FlexAttention):
+    u.k_j, one row per (batch, head) broadcast over the queries, plus bd. The cheapest correct
+    form: no N x N product beyond the one bd needs (issue 18: q.k was computed twice more)."""
+    u = tables[1]
+    uk = torch.matmul(u[None, :, None, :], k.transpose(-1, -2))  # [B, H, 1, N]
+    return txl_position_terms(p, q, tables) + uk
+
+
 def model_terms(p, q, k, tables):
     """The model's dense [B, H, N, N] relation terms (Shaw, DeBERTa, T5) or, for TXL, the NeMo
     scores (q + u) k^T + rel_shift((q + v) p^T) including the content term."""
@@ -201,12 +218,9 @@ def model_terms(p, q, k, tables):
         emb = aq[:, distance]  # [H, N, N, D]
         return torch.einsum("bhld,hlrd->bhlr", q, emb)
     if p.mech == "TXL":  # NeMo: positions ordered L-1 .. -(L-1) (ours reversed)
-        pt, u, vb = tables
-        pos_emb = pt.flip(1)  # [H, 2N-1, D]
+        u = tables[1]
         ac = torch.matmul(q + u[None, :, None, :], k.transpose(-1, -2))
-        bd = torch.matmul(q + vb[None, :, None, :], pos_emb.transpose(-1, -2)[None])
-        bd = rel_shift(bd)[:, :, :, :N]
-        return ac + bd
+        return ac + txl_position_terms(p, q, tables)
     if p.mech == "DeBERTa":  # HF DebertaV2 disentangled_att_bias, att_span = 256
         aq, ak = tables
         B, H = q.shape[0], q.shape[1]
@@ -231,7 +245,7 @@ def eager(p, leaves):
 def sdpa(p, leaves):
     q, k, v = leaves[:3]
     if p.mech == "TXL":  # SDPA adds q k^T itself: the mask carries u.k + rel_shift((q + v) p^T)
-        terms = model_terms(p, q, k, leaves[3:]) - torch.matmul(q, k.transpose(-1, -2))
+        terms = txl_mask(p, q, k, leaves[3:])
     else:
         terms = model_terms(p, q, k, leaves[3:])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=terms * p.tau, scale=p.tau)
@@ -253,7 +267,7 @@ def flex(p, leaves):
             return score + table[h, rows[qi - kj + N - 1]]
     else:
         if p.mech == "TXL":
-            bias = (model_terms(p, q, k, leaves[3:]) - torch.matmul(q, k.transpose(-1, -2))) * p.tau
+            bias = txl_mask(p, q, k, leaves[3:]) * p.tau
         else:
             bias = model_terms(p, q, k, leaves[3:]) * p.tau
 
@@ -335,20 +349,23 @@ def peak_rss(fn):
     return r, (status_kib("VmHWM:") - before) * 1024
 
 
+REPEATS = 5  # timed calls after the warm-up, every system at every N (issue 18)
+
+
 def measure(run, prepare):
-    """Seconds of run(prepare()) (median of three more after a first call under a second) and
-    the first call's peak memory; prepare() is neither timed nor counted."""
+    """Seconds of run(prepare()): a first call (warm-up, untimed for the result; it measures
+    the peak memory) then the median of REPEATS timed calls, whatever their length, the same
+    protocol as rag_bench_relpos; prepare() is neither timed nor counted."""
     def timed(state):
         t0 = time.perf_counter()
         run(state)
         return time.perf_counter() - t0
 
     state = prepare()
-    first, peak = peak_rss(lambda: timed(state))
+    _, peak = peak_rss(lambda: timed(state))
     del state
-    if first >= 1.0:
-        return first, peak
-    return sorted(timed(prepare()) for _ in range(3))[1], peak
+    times = sorted(timed(prepare()) for _ in range(REPEATS))
+    return times[len(times) // 2], peak
 
 
 def main():

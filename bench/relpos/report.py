@@ -103,19 +103,66 @@ def speedups(records):
     return lines
 
 
+def executed(records, peaks):
+    """rag fused's executed FLOP/s (counted from its tile schedule, jit/relpos_programs.hpp's
+    relpos_executed_flops) next to the credited ones, and as a fraction of the measured peaks
+    (rag_bench_peak: the two-thread FMA rate and the SGEMM rate)."""
+    fused = [r for r in records if r["system"] == "rag fused" and r.get("exec_gflops")]
+    if not fused:
+        return []
+    fma = max((p["gflops"] for p in peaks if p["measure"] == "fma"), default=None)
+    sgemm = max((p["gflops"] for p in peaks if p["measure"].startswith("sgemm")), default=None)
+    lines = ["### rag fused: executed against credited FLOP/s, and against this machine's peak", ""]
+    for p in peaks:
+        lines.append(f"- measured {p['measure']}: {p['gflops']:.1f} GFLOP/s with {p['threads']} threads"
+                     + (f" ({p['isa']})" if "isa" in p else "")
+                     + (f" ({p['size']}^3, OpenBLAS {p['core']})" if "core" in p else ""))
+    if not peaks:
+        lines.append("- no peak measured (bench/peak: rag_bench_peak)")
+    lines += ["", "Each cell: executed GFLOP/s / credited GFLOP/s; executed as a % of the SGEMM rate "
+              "and of the FMA peak. Targets (issue 20): executed >= 60% of SGEMM forward, >= 50% "
+              "backward at N >= 1K.", ""]
+    lengths = sorted({r["N"] for r in fused})
+    head = ["", "pass"] + [n_label(n) for n in lengths]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by = {(r["mechanism"], r["pass"], r["N"]): r for r in fused}
+    for m in dict.fromkeys(r["mechanism"] for r in fused):
+        for i, p in enumerate(("F", "B")):
+            row = [m if i == 0 else "", p]
+            for n in lengths:
+                r = by.get((m, p, n))
+                if not r:
+                    row.append("–")
+                    continue
+                e = r["exec_gflops"]
+                c = f"{fmt(e)} / {fmt(r.get('gflops'))}"
+                if sgemm:
+                    c += f"; {100 * e / sgemm:.0f}% sgemm"
+                if fma:
+                    c += f", {100 * e / fma:.0f}% fma"
+                row.append(c)
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    return lines
+
+
 def main():
     out, header = sys.argv[1], sys.argv[2]
-    records = []
+    records, peaks = [], []
     for path in sys.argv[3:]:
         try:
             with open(path) as f:
-                records += [json.loads(line) for line in f if line.strip()]
+                for line in f:
+                    if line.strip():
+                        rec = json.loads(line)
+                        (peaks if "measure" in rec else records).append(rec)
         except FileNotFoundError:
             pass
     lines = open(header).read().rstrip().splitlines() + [""]
     lines += table(records, "gflops", "Throughput (Table 11 layout)", "useful GFLOP/s, higher is better")
     lines += table(records, "mib", "Peak memory beyond the inputs (Table 12 layout)", "MiB, lower is better")
     lines += speedups(records)
+    lines += executed(records, peaks)
     lines += ["### Time per call (ms)", ""]
     lines += table(records, "ms", "Time", "ms per call")[2:]
     with open(out, "w") as f:

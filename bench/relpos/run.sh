@@ -19,11 +19,20 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 bench="$BUILD/bench/relpos/rag_bench_relpos"
+# Results describe a commit: a tree with changes to tracked files is refused (issue 18), unless
+# RELPOS_ALLOW_DIRTY=1 (smoke runs), which the header then says.
+dirty=$(git status --porcelain --untracked-files=no)
+if [ -n "$dirty" ] && [ "${RELPOS_ALLOW_DIRTY:-0}" != 1 ]; then
+  echo "run.sh: the tree has uncommitted changes; commit them first (results name the commit)" >&2
+  exit 1
+fi
 [ -x "$bench" ] || { echo "run.sh: no $bench; run ./dev build" >&2; exit 1; }
 start=$(date +%s)
 EXTRA=(${RELPOS_BENCH_ARGS:-})
 # rag's fused kernels get a longer cap, so that every map reaches N = 8192 (TXL's identity map
 # does the most work there); the baselines and peers stop at 20 s.
+# The machine's measured peak first (FMA and SGEMM, warm-up then the median of 5).
+"$BUILD/bench/rag_bench_peak" --json "$tmp/peak.jsonl"
 "$bench" --lengths "$LENGTHS" --systems 'rag fused' --cap-s 45 --check-max-n 2048 \
   "${EXTRA[@]}" --json "$tmp/rag.jsonl"
 "$bench" --lengths "$LENGTHS" --systems 'gather,materialising' --cap-s 20 \
@@ -42,7 +51,8 @@ cat >"$tmp/header.md" <<EOF
 # Relative-position attention on the CPU (issue 6)
 
 Produced by \`${RELPOS_BENCH_ARGS:+RELPOS_BENCH_ARGS=\"$RELPOS_BENCH_ARGS\" }bench/relpos/run.sh${1:+ $1}\` in ${elapsed} s on $(date -u +%Y-%m-%d), $(nproc) cores
-($(lscpu | sed -n 's/^Model name: *//p' | head -1)), git $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- jit bench || echo ' + uncommitted changes').
+($(lscpu | sed -n 's/^Model name: *//p' | head -1)), git $(git rev-parse --short HEAD)${dirty:+ + uncommitted changes (RELPOS_ALLOW_DIRTY=1: not a result)}.
+The machine is shared with other jobs (load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)): times are noisy.
 $peers_note
 
 One attention layer, bidirectional, B * N = 16384 tokens, H = 12 heads, d = 64, **float32**
@@ -52,8 +62,9 @@ DeBERTa log_buckets(256, 512) (aq + ak, tau = 1/sqrt(3d)), T5 t5_buckets(32, 128
 Every system gets the same input values (rag's counter-based generator, in both binaries).
 
 - Throughput: useful FLOPs over time, REFERENCE.md section 4: forward 4BHN^2d + 2BHNRd per
-  relation projection (Shaw, TXL one; DeBERTa two; T5 none), backward twice that. Time: one
-  call when it takes >= 1 s, else the median of three after a first call. Backward is timed
+  relation projection (Shaw, TXL one; DeBERTa two; T5 none), backward twice that. Time: every
+  system at every N makes a first call (warm-up, untimed; it measures the peak memory), then
+  the median of 5 timed calls. Backward is timed
   with the forward's saved state given (rag: O and the log-sum-exp; PyTorch: its autograd graph).
 - Peak memory: resident bytes (VmHWM after resetting it, minus VmRSS before) above the inputs,
   and for backward above the inputs plus the forward's saved state. The same measure for every
@@ -72,6 +83,6 @@ Every system gets the same input values (rag's counter-based generator, in both 
   its N x N state would exceed 12 GiB; – : not supported.
 EOF
 mkdir -p bench/results
-cat "$tmp"/*.jsonl >bench/results/relpos.jsonl
+cat "$tmp"/*.jsonl >bench/results/relpos.jsonl  # peak.jsonl's lines carry "measure"
 python3 bench/relpos/report.py bench/results/relpos.md "$tmp/header.md" "$tmp"/*.jsonl
 echo "wrote bench/results/relpos.md (${elapsed} s)"

@@ -6,7 +6,9 @@
 // parameters so saturated and band tiles both occur; the output and every gradient must meet
 // REFERENCE.md section 3. Then bitwise determinism across runs and thread counts, and the
 // peak extra memory the runtime's accounting sees (runtime/memory.hpp) at N = 4096.
+#include "jit/kir_cpu.hpp"
 #include "jit/relpos.hpp"
+#include "jit/relpos_programs.hpp"
 #include "runtime/memory.hpp"
 #include "runtime/parallel.hpp"
 #include "runtime/relpos_map.hpp"
@@ -540,6 +542,39 @@ TEST(RelposFused, ErrorsNameTheOpAndTheSample) {
     a[3] = random_dense(DType::f32, {5, dm.H, dm.D});
     EXPECT_TRUE(has(error_of([&] { jit::relpos_forward(a, s.attrs); }),
                     "clip(8) has 17 rows but the tables have 5"));
+}
+
+// Compile time (issue 18, item 5): O3 fully unrolled the programs' constant-trip loops (a
+// tile's 64 columns, a head's 64 features) before the loop vectoriser, which then turned the
+// enclosing runtime loops into hundreds of strided reductions: 700 KB of optimised IR and
+// about 3 s of LLVM per backward program. The CPU lowering keeps constant loops as loops
+// (jit/kir_llvm.cpp); this bounds each program's optimised IR for the paper's head size.
+TEST(RelposFused, ProgramsCompileToCompactIr) {
+    for (bool aq : {false, true})
+        for (bool ak : {false, true}) {
+            const jit::RelposShape s{DType::f32, 64, 64, aq, ak, aq && ak, false, 0.125};
+            for (const auto& k : {jit::relpos_forward_program(s), jit::relpos_query_grad_program(s),
+                                  jit::relpos_key_grad_program(s)}) {
+                const auto compiled = jit::compile_kernel_cpu(k);
+                const std::size_t bytes = compiled->llvm_ir().size();
+                EXPECT_LT(bytes, 300'000u) << k.name << " aq " << aq << " ak " << ak;
+                // The products still vectorise along their contiguous index.
+                EXPECT_NE(compiled->llvm_ir().find("x float>"), std::string::npos) << k.name;
+            }
+        }
+}
+
+// The executed FLOP count (bench/relpos) follows the tile schedule: one strip and one key tile
+// of n = 64 tokens, no relation terms: S and P V forward; S, dP, dQ, then S, dP, dV, dK.
+TEST(RelposFused, ExecutedFlopsFollowTheTileSchedule) {
+    const jit::RelposShape s{DType::f32, 16, 24, false, false, false, false, 0.25};
+    const auto f = jit::relpos_executed_flops(s, {64}, 2, 8);
+    const double J = 64, D = 16, Dv = 24, H = 2;
+    EXPECT_EQ(f.forward, H * (2 * J * J * D + 2 * J * J * Dv));
+    EXPECT_EQ(f.backward, H * (2 * J * J * (D + Dv + D) + 2 * J * J * (D + Dv + Dv + D)));
+    // Two samples of 64 cost twice one; a 65th token adds a strip and a tile (padded to 4 rows).
+    EXPECT_EQ(jit::relpos_executed_flops(s, {64, 64}, 2, 8).forward, 2 * f.forward);
+    EXPECT_GT(jit::relpos_executed_flops(s, {65}, 2, 8).forward, f.forward);
 }
 
 } // namespace
