@@ -76,15 +76,15 @@ struct Expr {
         integer,  // ival
         floating, // fval
         boolean,  // bval
-        string,   // name: a double-quoted literal (einsum's spec), without the quotes
+        string,   // name: a double-quoted literal without the quotes (einsum's spec,
+                  // padding="same": arguments of builtins that name choices)
         name,     // name
         unary,    // op ("-"), operands[0]
         binary,   // op ("+" "-" "*" "/" "@" "**" "<" "<=" ">" ">=" "==" "!="), operands[0..1]
         call,   // operands[0] is the callee (a name, or a call: value_and_grad(f, wrt=p)(x)), args
         index,  // operands[0][items]
         member, // operands[0].name
-        tuple,  // (a, b, ...): operands
-        string  // "same": name holds the text (an argument of builtins that name choices)
+        tuple   // (a, b, ...): operands
     } kind = Kind::name;
     Span span;
     std::int64_t ival = 0;

@@ -106,8 +106,6 @@ std::string to_sexpr(const ast::Expr& e) {
         return "\"" + e.name + "\"";
     case K::name:
         return e.name;
-    case K::string:
-        return "\"" + e.name + "\"";
     case K::unary:
         s = "(" + std::string(e.op == "-" ? "neg" : e.op);
         break;

@@ -1026,9 +1026,6 @@ LV Lowerer::expr(const ast::Expr& e) {
         return LV::number(e.fval);
     case K::boolean:
         return LV::number(e.bval ? 1.0 : 0.0);
-    case K::string:
-        error(e.span,
-              "a string is only einsum's first argument: einsum(\"bikc,bjkc->bijc\", a, b)");
     case K::name: {
         if (LV* v = lookup(e.name)) {
             if (v->kind == LV::Kind::error) throw Abandon{};
@@ -1065,8 +1062,8 @@ LV Lowerer::expr(const ast::Expr& e) {
         error(e.span, "'." + e.name + "' needs a params value, got " + type_of(base).str());
     }
     case K::string:
-        error(e.span, "a string is only an argument of a builtin that names its choices, such "
-                      "as conv2d's padding=\"same\"");
+        error(e.span, "a string is only an argument of a builtin that takes one: einsum's spec "
+                      "(einsum(\"bikc,bjkc->bijc\", a, b)) or conv2d's padding=\"same\"");
     case K::tuple: {
         LV t;
         t.kind = LV::Kind::tuple;

@@ -140,7 +140,7 @@ def test_contraction_without_a_free_axis_gradient(mod):
     ('einsum("bikc,ajkc->bijc", a, b)', "the batch axis"),
     ('einsum(a, a, b)', "first argument must be a quoted spec"),
     ('einsum("bikc,bjkc->bijc", a)', "takes a spec and two operands"),
-    ('a + "x"', "a string is only einsum's first argument"),
+    ('a + "x"', "a string is only an argument of a builtin"),
 ])
 def test_unsupported_specs_report_file_line_column(body, message):
     src = ("fn f(a: f64[B, ~N, ~N, C], b: f64[B, ~N, ~N, C]) -> f64[B, ~N, ~N, C] {\n"
