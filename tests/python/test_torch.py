@@ -134,3 +134,32 @@ def test_unused_outputs_and_integer_arguments(m):
         h = torch.tanh(h @ params["layers.%d.w" % k] + params["layers.%d.b" % k]) + h
     (h @ params["head"])[:, 0].sum().backward()
     torch.testing.assert_close(x.values.grad, ref_values.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_ddp_on_two_gloo_ranks_equals_the_full_batch_step(root, tmp_path):
+    """examples/python/ddp.py: after one step on 2 ranks with unequal token counts, the
+    parameters equal a single-process full-batch step within f32 rounding."""
+    import os
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(root / "examples/python"))
+    import ddp
+
+    lengths, _, _ = ddp.make_batch(1000)
+    shards = ddp.balanced_shards(lengths, 2)
+    tokens = [sum(lengths[b] for b in s) for s in shards]
+    assert sorted(b for s in shards for b in s) == list(range(len(lengths)))
+    assert tokens[0] != tokens[1]  # the case where averaging shard means would be wrong
+    out = tmp_path / "ddp.pt"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, str(root / "examples/python/ddp.py"), "--ranks", "2",
+                    "--steps", "1", "--port", "29531", "--save", str(out)],
+                   check=True, env=env, timeout=600)
+    got = torch.load(out)
+    want = ddp.single_process_step(steps=1)
+    assert sorted(got) == sorted(want)
+    start = rt.Module(ddp.load_module(), "scaled_loss", params="Encoder", seed=0).state_dict()
+    assert sum(not torch.equal(want[k], start[k]) for k in want) > len(want) // 2  # it moved
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
