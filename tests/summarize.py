@@ -15,8 +15,11 @@ for f in sorted(Path(sys.argv[1]).glob("*.xml")):
         skip = case.find("skipped")
         if skip is not None or case.get("result") == "skipped":
             skipped += 1
-            why = (skip.get("message") if skip is not None else None) or "no reason given"
-            key = (why.strip().splitlines() or ["no reason given"])[0][:160]
+            # gtest: "file:line\nSKIPPED: reason"; pytest: the reason in the text (a skipped
+            # module's message is only "collection skipped"). The last line says why.
+            text = "" if skip is None else (skip.text or "").strip() or skip.get("message", "")
+            lines = [l.strip() for l in text.splitlines() if l.strip()]
+            key = (lines[-1] if lines else "no reason given")[:160]
             reasons[key] = reasons.get(key, 0) + 1
             continue
         bad = case.find("failure") is not None or case.find("error") is not None

@@ -92,6 +92,14 @@ TEST(GpuExec, ExamplesMatchTheCpuTier) {
                 for (const auto& [name, _] : t.leaves())
                     moment.push_back(t.kind == frontend::VType::Kind::record &&
                                      t.record.rfind("Adam[", 0) == 0 && name.rfind("v.", 0) == 0);
+            // Inputs with derived ragged axes (FCN's labels at ~H[::4][*4]) need lengths
+            // derived from the others', which random_for does not make; the image ops run as
+            // counted host steps on this tier and are tested on the CPU (test_images.py).
+            bool derived = false;
+            for (int v : lowered->fn.inputs)
+                for (const Axis& a : lowered->fn.type(v).shape.axes)
+                    derived = derived || (a.is_ragged() && a.name.find('[') != std::string::npos);
+            if (derived) continue;
             std::vector<RaggedTensor> in;
             for (std::size_t k = 0; k < lowered->fn.inputs.size(); ++k) {
                 const Schema& s = lowered->fn.type(lowered->fn.inputs[k]);
