@@ -1,5 +1,5 @@
 """Tables and a plot from bench/run.sh's JSON lines:
-python report.py peers.jsonl peers.md peers.png
+python report.py peers.jsonl peers.md peers.png [header.md]
 
 Every line is one measurement: a system on a program and a length profile, either the loss
 alone ("fwd": true) or the training step (forward, backward, SGD)."""
@@ -30,10 +30,10 @@ def find(case, lengths, sysk, fwd):
     return None
 
 
-# Ratios use the least time of the timed calls: the machine is shared (other builds and tests
-# run beside the benchmark), and the least is the time least disturbed by them.
+# Ratios use the median of the timed calls (every system: a warm-up call, then the median of
+# at least 5), the one protocol all of bench/ follows; the least is shown beside it.
 def ms(r):
-    return r.get("ms_min", r.get("ms_step"))
+    return r.get("ms_step")
 
 
 def ok(r):
@@ -88,7 +88,7 @@ for fwd, title in PHASES:
 out = []
 for fwd, title in PHASES:
     out += [f"### {title}", "",
-            "| program | lengths | rho tokens / pairs | system | ms least / median | vs rag ragged | "
+            "| program | lengths | rho tokens / pairs | system | ms median / least | vs rag ragged | "
             "peak MiB (rag buffers / RSS growth) | first call s (compile s) | loss0 |",
             "|---|---|---|---|---:|---:|---:|---:|---:|"]
     for case, lengths in profiles:
@@ -106,18 +106,20 @@ for fwd, title in PHASES:
             first = f"{r['first_call_s']:.2f}"
             if "compile_s" in r:
                 first += f" ({r['compile_s']:.2f})"
-            out.append(f"| {case} | {lengths} | {rho} | {NAMES[sysk]} | {ms(r):.1f} / {r['ms_step']:.1f} | "
+            out.append(f"| {case} | {lengths} | {rho} | {NAMES[sysk]} | {ms(r):.1f} / {r.get('ms_min', ms(r)):.1f} | "
                        f"{fmt(ratio(r, base))} | {mib(r.get('peak_bytes'))} / "
                        f"{mib(r.get('peak_rss_bytes'))} | {first} | {r['loss0']:.6g} |")
     out.append("")
 
 with open(sys.argv[2], "w") as f:
     f.write("# Ragged vs padded, rag vs its peers (bench/run.sh)\n\n")
+    if len(sys.argv) > 4:  # run.sh's header: the commit, the machine and its load
+        f.write(open(sys.argv[4]).read() + "\n")
     f.write("Ratios above 1 mean rag's ragged JIT is faster (or, for memory, smaller). rho: "
             "valid / padded entries of the dominant state (pairs for the pair programs, tokens "
             "for the encoder). Targets in parentheses (issue 5): padded / ragged at least "
-            "0.8 / rho in time and memory. Times: the least of the calls after the first (the "
-            "machine is shared; medians in the cell tables).\n\n")
+            "0.8 / rho in time and memory. Times: a first (compiling, warm-up) call, then the "
+            "median of the timed calls after it, the same protocol for every system.\n\n")
     f.write("\n".join(summary[False] + [""] + summary[True]) + "\n\n## Every cell\n\n")
     f.write("Peak: rag's own buffer accounting over a call (runtime/memory.hpp) and, for every "
             "system, the growth of the process's peak RSS over the timed calls. First call: "

@@ -13,6 +13,7 @@
 #include "jit/layout.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
+#include "jit/nn_steps.hpp"
 #include "jit/placement.hpp"
 #include "jit/relpos.hpp"
 #include "jit/relpos_step.hpp"
@@ -338,6 +339,9 @@ bool run_host_step(const ir::Function& f, const Step& s, std::vector<RaggedTenso
         return true;
     case Step::Kind::image:
         out = run_image_step(n, vals);
+        return true;
+    case Step::Kind::nn:
+        out = run_nn_step(n, vals);
         return true;
     case Step::Kind::rowwise:
         run_rowwise(f, s.index, s.also, vals);

@@ -2,10 +2,11 @@
 
 #include "jit/attention_cpu.hpp"
 #include "jit/batched_gemm.hpp"
-#include "jit/conv.hpp"
 #include "jit/biased_attention_cpu.hpp"
+#include "jit/conv.hpp"
 #include "jit/gather.hpp"
 #include "jit/layout.hpp"
+#include "jit/nn_steps.hpp"
 #include "jit/rowwise.hpp"
 #include "jit/segmented.hpp"
 
@@ -147,6 +148,7 @@ Plan make_plan(const ir::Function& f) {
                            : layout_kind(f, n) != LayoutKind::none ? Step::Kind::layout
                            : is_gather_step(n)                     ? Step::Kind::gather
                            : is_image_step(f, n)                   ? Step::Kind::image
+                           : is_nn_step(n)                         ? Step::Kind::nn
                                                                    : Step::Kind::reference,
                            int(i),
                            {}});
@@ -185,6 +187,7 @@ std::string print(const Plan& p, const ir::Function& f) {
                        ? (n.op == "positions" ? "positions %" : "gather    %")
                    : s.kind == Step::Kind::relpos ? "relpos    %"
                    : s.kind == Step::Kind::image  ? "image     %"
+                   : s.kind == Step::Kind::nn     ? "nn        %"
                    : s.kind == Step::Kind::layout
                        ? (layout_kind(f, n) == LayoutKind::view    ? "view      %"
                           : layout_kind(f, n) == LayoutKind::slice ? "slice     %"

@@ -7,7 +7,8 @@
 // as per-(sample, head) GEMMs (jit/attention_cpu.hpp); index/index_grad/transpose/reshape that move
 // no data or whole rows as views or row copies (jit/layout.hpp); gather, gather_grad and positions
 // as row-copy and row-sum loops (jit/gather.hpp); conv2d, pooling, upsample2d, patches and their
-// gradients as implicit GEMMs and pixel loops (jit/conv.hpp); relpos_attention and its gradients as
+// gradients as implicit GEMMs and pixel loops (jit/conv.hpp); cross_entropy, its gradient and
+// dropout as row and element loops (jit/nn_steps.hpp); relpos_attention and its gradients as
 // fused tile programs (jit/relpos.hpp; f64 runs the reference, as the programs compute in f32);
 // every other op runs its reference kernel. This header knows nothing of LLVM.
 #pragma once
@@ -49,6 +50,7 @@ struct Step {
         layout,
         gather,
         image,
+        nn,
         relpos,
         reference
     } kind;

@@ -721,6 +721,15 @@ void softmax_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64
                            causal);
 }
 
+void logsumexp_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64_t width) {
+    if (rows == 0) return;
+    const std::int64_t seg[5] = {0, 0, rows, width, 1};
+    std::vector<double> shift(
+        static_cast<std::size_t>(rows)); // scratch of rows elements of t (<= double)
+    line_kernel(t == DType::f32, LineOp::logsumexp)(1, seg, const_cast<void*>(x), y, shift.data(),
+                                                    nullptr, nullptr);
+}
+
 std::string line_kernel_ir(std::string_view op, DType t) {
     const std::string* ir = nullptr;
     const std::string names[] = {

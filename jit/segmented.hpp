@@ -22,6 +22,9 @@ std::string line_kernel_ir(std::string_view op, DType t);
 // the rest of y's row is 0. For attention_cpu's probabilities.
 void softmax_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64_t width,
                   bool causal);
+// y[r] = logsumexp of row r of a dense row-major [rows, width] block x (f32 or f64) with the line
+// kernel, on this thread. For cross_entropy (jit/nn_steps.hpp).
+void logsumexp_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64_t width);
 // Runs it; `vals` holds its arguments.
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);
 

@@ -2,6 +2,8 @@
 // counter-based dropout, the losses (mse, cross_entropy) and the ragged <-> dense bridge (pad,
 // mask, lengths). Gradients that are awkward to compose from ops have dedicated backward ops
 // here (layernorm_grad, rmsnorm_grad, mse_grad, cross_entropy_grad, unpad).
+#include "ir/ops/nn.hpp"
+
 #include "ir/ops/kernel_util.hpp"
 
 #include <algorithm>
@@ -218,8 +220,11 @@ void add_norms(OpTable& t) {
            {}});
 }
 
+} // namespace
+
 // ---- dropout -------------------------------------------------------------------------------
 
+namespace {
 // One step of Vigna's splitmix64: the state z advanced by the golden gamma, then mixed.
 std::uint64_t splitmix64_step(std::uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
@@ -227,6 +232,7 @@ std::uint64_t splitmix64_step(std::uint64_t z) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
+} // namespace
 
 // The counter-based uniform of packed element k: every tier (and the backward pass) regenerates
 // the same mask from (seed, k) alone. Arithmetic is mod 2^64; the top 53 bits give [0, 1).
@@ -265,6 +271,8 @@ std::vector<std::int64_t> dropout_counters(const RaggedTensor& x, const Attrs& a
     }
     return k;
 }
+
+namespace {
 
 void add_dropout(OpTable& t) {
     t.add({"dropout", 1, 1,
@@ -328,16 +336,19 @@ Schema cross_entropy_rule(std::span<const Schema> in, std::string_view op) {
     return {z.dtype, scalar_shape()};
 }
 
-// Calls fn(row, label) for every label position: `row` points at its K logits. Labels are
-// checked against their logits sample by sample, and against [0, K).
-template <class Fn>
-void for_each_label(std::string_view op, const RaggedTensor& logits, const RaggedTensor& labels,
-                    const std::vector<double>& z, Fn&& fn) {
+} // namespace
+
+std::vector<std::int64_t> checked_labels(std::string_view op, const RaggedTensor& logits,
+                                         const RaggedTensor& labels) {
     const Structure &zs = logits.structure(), &ys = labels.structure();
     if (zs.batch() != ys.batch())
         fail(op, ": logits have ", zs.batch(), " samples but labels have ", ys.batch());
     const std::int64_t K = logits.shape().axes.back().extent;
-    auto y = labels.to_f64();
+    std::vector<std::int64_t> y(std::size_t(labels.numel()));
+    if (labels.dtype() == DType::i64)
+        std::copy_n(static_cast<const std::int64_t*>(labels.data()), y.size(), y.begin());
+    else
+        std::copy_n(static_cast<const std::int32_t*>(labels.data()), y.size(), y.begin());
     for (std::int64_t i = 0; i < ys.batch(); ++i) {
         auto sz = zs.sample_shape(i), sy = ys.sample_shape(i);
         if (!std::equal(sy.begin(), sy.end(), sz.begin(), sz.end() - 1))
@@ -347,16 +358,26 @@ void for_each_label(std::string_view op, const RaggedTensor& logits, const Ragge
         // so packed label k owns the K logits starting at packed index k * K.
         for (std::int64_t k = ys.sample_begin(i); k < ys.sample_begin(i) + ys.sample_numel(i);
              ++k) {
-            const double label = y[std::size_t(k)];
-            if (!(label >= 0 && label < double(K))) {
-                if (labels.shape().batched)
-                    fail(op, ": sample ", i, " has label ", std::int64_t(label), " outside [0, ", K,
-                         ")");
-                fail(op, ": label ", std::int64_t(label), " is outside [0, ", K, ")");
-            }
-            fn(z.data() + k * K, std::int64_t(label));
+            const std::int64_t label = y[std::size_t(k)];
+            if (label >= 0 && label < K) continue;
+            if (labels.shape().batched)
+                fail(op, ": sample ", i, " has label ", label, " outside [0, ", K, ")");
+            fail(op, ": label ", label, " is outside [0, ", K, ")");
         }
     }
+    return y;
+}
+
+namespace {
+
+// Calls fn(row, label) for every label position, after checked_labels: `row` points at its K
+// logits.
+template <class Fn>
+void for_each_label(std::string_view op, const RaggedTensor& logits, const RaggedTensor& labels,
+                    const std::vector<double>& z, Fn&& fn) {
+    const std::int64_t K = logits.shape().axes.back().extent;
+    const std::vector<std::int64_t> y = checked_labels(op, logits, labels);
+    for (std::size_t k = 0; k < y.size(); ++k) fn(z.data() + std::int64_t(k) * K, y[k]);
 }
 
 // log(sum_j exp(row_j)) computed stably; -inf for K = 0 is never reached (no valid label).

@@ -12,11 +12,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # op -> why it still runs its reference kernel (README lists the same).
 ANY_DTYPE = {
     "cast": "conversions between element types",
-    "dropout": "one counter-based pass in the reference kernel",
     "concat": "copies by the reference kernel", "pad": "copies into the dense envelope",
     "index": "slicing and integer indexing copy (keep/new indexing is a view)",
-    "mse": "loss reduction", "cross_entropy": "loss reduction",
-    "cross_entropy_grad": "loss gradient", "binary_grad": "pow/div-style binary derivatives",
+    "mse": "loss reduction", "binary_grad": "pow/div-style binary derivatives",
     "ones_like": "a fill", "zeros_like": "a fill",
 }
 HALF = ("f16", "bf16")  # every f16/bf16 op: no half kernels on the CPU tier
