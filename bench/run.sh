@@ -77,6 +77,6 @@ done
 cat >"$TMP/header.md" <<EOF
 Produced by \`bench/run.sh $STEPS\` in $(( $(date +%s) - start )) s on $(date -u +%Y-%m-%d), $(nproc) cores
 ($(lscpu | sed -n 's/^Model name: *//p' | head -1)), $THREADS threads per system, git $commit${dirty:+ + uncommitted changes (BENCH_ALLOW_DIRTY=1: not a result)};
-load average at the start: $load. Peers: $("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo "torch not installed").
+load average at the start: $load; at the end: $(cut -d' ' -f1-3 /proc/loadavg). Peers: $("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo "torch not installed").
 EOF
 "$PY" bench/report.py "$JSONL" "$OUT/peers.md" "$OUT/peers.png" "$TMP/header.md"
