@@ -193,11 +193,17 @@ std::vector<double> column_sums(const void* data, std::int64_t rows, std::int64_
 }
 
 // A global sum: every stored element, as column sums over the tensor's rows (so the compiled
-// loop runs over contiguous row_width-long vectors), then the columns added in order.
+// loop runs over contiguous row_width-long vectors), then the columns added in order. An
+// unbatched tensor is one row of all its elements, which would be one block on one thread
+// with a partial as large as the tensor: it is summed as rows of its last axis instead.
 double global_sum(const RaggedTensor& x) {
     const std::int64_t n = x.numel();
     if (n == 0) return 0.0;
-    const std::int64_t width = x.structure().row_width() > 0 ? x.structure().row_width() : 1;
+    std::int64_t width = x.structure().row_width() > 0 ? x.structure().row_width() : 1;
+    const Shape& shape = x.shape();
+    if (!shape.batched && shape.sample_rank() >= 2 && shape.axes.back().kind == AxisKind::fixed &&
+        shape.axes.back().extent > 0 && n % shape.axes.back().extent == 0)
+        width = shape.axes.back().extent;
     double s = 0;
     for (double c : column_sums(x.data(), n / width, width, x.dtype())) s += c;
     return s;

@@ -133,6 +133,31 @@ TEST(CompiledOps, GlobalReductionsAndTheirGradientsAreSegmented) {
             }
 }
 
+// An unbatched tensor (a parameter's clip_norm) is summed as rows of its last axis, in blocks
+// of rows spread over threads: the same value as the interpreter, bitwise at any thread count.
+TEST(CompiledOps, UnbatchedGlobalSumsAreBlockedAndDoNotDependOnTheThreadCount) {
+    for (DType t : {DType::f32, DType::f64})
+        for (const char* axes : {"3000, 37", "2, 3, 1", "5, 0", "40", "1, 1"}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + " " + axes);
+            ir::Function f;
+            f.name = "sum";
+            ir::Builder b(f);
+            int x = b.input(dense(t, axes), "x");
+            f.outputs = {b.op("sum", {x}), b.op("mean", {x})};
+            EXPECT_EQ(kinds(f), "segmented segmented");
+            auto in = inputs_for(f, {});
+            expect_tiers_agree(f, in);
+            auto cpu = jit::compile_cpu(f);
+            set_num_threads(1);
+            auto one = cpu->run(in);
+            set_num_threads(3);
+            auto three = cpu->run(in);
+            set_num_threads(0);
+            for (std::size_t k = 0; k < one.size(); ++k)
+                EXPECT_EQ(one[k].to_f64(), three[k].to_f64());
+        }
+}
+
 // g and a `like` whose extents are g's except along its broadcast (extent-1) axes.
 std::vector<RaggedTensor> sum_to_inputs(const ir::Function& f,
                                         const std::vector<std::int64_t>& lengths) {
