@@ -260,14 +260,32 @@ std::vector<std::int64_t> dropout_counters(const RaggedTensor& x, const Attrs& a
         return k;
     }
     const int a = kern::sample_axis(x.shape(), at.get_int("shared_axis"), "dropout");
+    // The digits make k linear in the index: k = i w_i + sum_b idx_b w_b (mod 2^64), with
+    // w_b = 2^(20 (r - 1 - b)) (0 on the shared axis), so an odometer adds one weight per step.
     for (std::int64_t i = 0; i < x.batch(); ++i) {
         const kern::SampleView v = kern::sample_view(x.structure(), i);
-        kern::for_each_index(v.shape, [&](const std::vector<std::int64_t>& idx) {
-            std::uint64_t c = std::uint64_t(i);
-            for (std::size_t b = 0; b < idx.size(); ++b)
-                c = (c << 20) + (int(b) == a ? 0 : std::uint64_t(idx[b]));
-            k[std::size_t(v.at(idx))] = std::int64_t(c);
-        });
+        const std::size_t r = v.shape.size();
+        std::vector<std::uint64_t> w(r);
+        std::uint64_t place = 1;
+        for (std::size_t b = r; b-- > 0;) {
+            w[b] = int(b) == a ? 0 : place;
+            place <<= 20;
+        }
+        if (v.numel() == 0) continue;
+        std::vector<std::int64_t> idx(r, 0);
+        std::uint64_t c = std::uint64_t(i) * place;
+        std::int64_t off = v.base;
+        for (std::int64_t n = v.numel(); n > 0; --n) {
+            k[std::size_t(off)] = std::int64_t(c);
+            for (std::size_t b = r; b-- > 0;) {
+                c += w[b];
+                off += v.strides[b];
+                if (++idx[b] < v.shape[b]) break;
+                c -= w[b] * std::uint64_t(v.shape[b]);
+                off -= v.strides[b] * v.shape[b];
+                idx[b] = 0;
+            }
+        }
     }
     return k;
 }
