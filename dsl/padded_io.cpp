@@ -1,5 +1,6 @@
 #include "dsl/padded_io.hpp"
 
+#include "ir/ops/derived_names.hpp"
 #include "runtime/error.hpp"
 
 #include <algorithm>
@@ -42,6 +43,16 @@ RaggedTensor from_envelope(const RaggedTensor& t,
     for (const Axis& a : t.shape().axes) {
         if (!a.is_ragged()) continue;
         auto it = lengths.find(a.name);
+        if (it == lengths.end()) { // an axis an op derived (`H[::4][*4]`): from its base's
+            auto base = derived_base(a.name);
+            auto b = base ? lengths.find(*base) : lengths.end();
+            if (b != lengths.end()) {
+                std::vector<std::int64_t> l;
+                for (std::int64_t n : b->second) l.push_back(derived_length(a.name, n));
+                per_axis.push_back(std::move(l));
+                continue;
+            }
+        }
         if (it == lengths.end())
             fail("padded execution: the result ", t.schema().str(), " has the ragged axis ~",
                  a.name, ", which no argument has, so its valid extents are unknown");

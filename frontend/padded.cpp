@@ -1,5 +1,6 @@
 #include "frontend/padded.hpp"
 
+#include "ir/ops/derived_names.hpp"
 #include "runtime/error.hpp"
 
 #include <algorithm>
@@ -32,11 +33,12 @@ int logical(const Schema& s, int per_sample) {
 // ragged program would meet as well on the valid entries they mirror).
 bool keeps_finite(std::string_view op) {
     static const std::set<std::string, std::less<>> ops = {
-        "add",       "sub",       "mul",        "neg",       "abs",     "scale",   "relu",
-        "gelu",      "silu",      "sigmoid",    "tanh",      "maximum", "minimum", "matmul",
-        "transpose", "index",     "reshape",    "concat",    "cast",    "where",   "layernorm",
-        "rmsnorm",   "softmax",   "logsumexp",  "attention", "sum",     "mean",    "max",
-        "min",       "ones_like", "zeros_like", "dropout",   "lengths"};
+        "add",        "sub",     "mul",       "neg",     "abs",        "scale",
+        "relu",       "gelu",    "silu",      "sigmoid", "tanh",       "maximum",
+        "minimum",    "matmul",  "transpose", "index",   "reshape",    "concat",
+        "cast",       "where",   "layernorm", "rmsnorm", "softmax",    "logsumexp",
+        "attention",  "sum",     "mean",      "max",     "min",        "ones_like",
+        "zeros_like", "dropout", "lengths",   "conv2d",  "avg_pool2d", "upsample2d"};
     return ops.count(op) > 0;
 }
 
@@ -79,9 +81,35 @@ int Padder::emit(std::string_view name, std::vector<int> args, Attrs attrs) {
     return b_.op(name, std::move(args), std::move(attrs));
 }
 
-int Padder::mask_of(const std::string& name) const {
+int Padder::mask_of(const std::string& name, int like, int axis) {
     for (std::size_t k = 0; k < names_.size(); ++k)
         if (names_[k] == name) return inputs_[k];
+    if (auto it = derived_masks_.find(name); it != derived_masks_.end()) return it->second;
+    auto step = last_step(name);
+    if (step && step->kind == DerivedStep::Kind::slice) {
+        // Position i of base[e::s] is position s i + e of base, valid exactly when i is below
+        // the slice's length; at the envelope the slice's extent is the derived axis's.
+        const std::string spec = ":, " + (step->a ? std::to_string(step->a) : std::string()) +
+                                 "::" + std::to_string(step->s);
+        return derived_masks_[name] = emit("index", {mask_of(step->base)}, {{"spec", spec}});
+    }
+    if (step && like >= 0) {
+        // base[+g] and base[*m] are valid below L + g and m L, L the base's valid count:
+        // compare the positions along like's axis (its other axes summed away: only the
+        // positions are read) with it.
+        int line = like;
+        for (int q = type(like).shape.sample_rank() - 1; q >= 0; --q)
+            if (q != axis) line = emit("sum", {line}, {{"axis", std::int64_t(q + 1)}});
+        const int pos = emit("cast", {emit("positions", {line}, {{"axis", std::int64_t(1)}})},
+                             {{"dtype", std::string("f32")}});
+        int L = emit("sum", {emit("cast", {mask_of(step->base)}, {{"dtype", std::string("f32")}})},
+                     {{"axis", std::int64_t(1)}});
+        L = step->kind == DerivedStep::Kind::grow
+                ? emit("add", {L, constant(double(step->a), DType::f32)})
+                : emit("scale", {L}, {{"c", double(step->a)}});
+        const int bound = emit("index", {L}, {{"spec", std::string(":, new")}});
+        return derived_masks_[name] = emit("lt", {pos, bound});
+    }
     fail("padded execution: the ragged axis ~", name,
          " is not an axis of any argument, so its valid extents are unknown");
 }
@@ -107,7 +135,7 @@ int Padder::masked(int x, const std::vector<int>& axes, double fill) {
         std::string spec = ":";
         for (int q = 0; q < s.shape.sample_rank(); ++q) spec += q == p ? ", :" : ", new";
         auto place = [&](int m) { return emit("index", {m}, {{"spec", spec}}); };
-        const int mask = mask_of(s.shape.axes[std::size_t(p)].name);
+        const int mask = mask_of(s.shape.axes[std::size_t(p)].name, x, p);
         if (!multiply) {
             x = emit("where", {place(mask), x, constant(fill, s.dtype)});
             continue;
@@ -133,7 +161,7 @@ int Padder::count(int x, const std::vector<int>& axes, bool valid) {
             factor *= double(a.extent);
             continue;
         } else if (a.is_ragged()) {
-            int m = emit("cast", {mask_of(a.name)}, {{"dtype", std::string("f32")}});
+            int m = emit("cast", {mask_of(a.name, x, p)}, {{"dtype", std::string("f32")}});
             if (!valid) m = emit("ones_like", {m});
             n = emit("sum", {m}, {{"axis", std::int64_t(1)}});
         } else {
@@ -308,11 +336,21 @@ int Padder::op(std::string_view name, std::vector<int> args, const Attrs& attrs)
         return biased_attention(args.at(0), args.at(1), args.at(2), args.at(3), attrs);
     if (name == "pad" || name == "unpad" || name == "mask" || name == "relpos_attention")
         fail("padded execution does not support ", name, " yet");
-    // Image ops would need masks for the axes they derive (~H[::2]) and zeros in the padding
-    // they read: not done yet, so padded runs of image models stop here rather than guess.
-    if (name == "conv2d" || name == "max_pool2d" || name == "avg_pool2d" || name == "upsample2d" ||
-        name == "patches")
-        fail("padded execution does not support ", name, " yet (images run ragged only)");
+    // A window reads zeros (max pooling: -inf) outside its image, as the ragged op does, so
+    // its input's padding is masked first; a window inside the image then reads what the
+    // ragged op reads, and the derived result axes are valid up to the same per-image lengths.
+    // Nearest upsampling reads valid pixels only for valid results.
+    if (name == "conv2d" || name == "avg_pool2d" || name == "max_pool2d") {
+        const bool max = name == "max_pool2d";
+        args[0] = masked(args[0], {1, 2}, max ? -std::numeric_limits<double>::infinity() : 0.0);
+        return emit(name, std::move(args), attrs);
+    }
+    // Patches of a padded image are numbered over the envelope's patch grid (row-major over
+    // N_max / p columns), not over the image's own, so its valid patches would not be a prefix
+    // of ~P and patch positions would differ from the ragged program's.
+    if (name == "patches")
+        fail("padded execution does not support patches: the patches of an image padded to the "
+             "batch's largest are numbered over the padded grid, not the image's own");
     return emit(name, std::move(args), attrs);
 }
 

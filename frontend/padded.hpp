@@ -53,7 +53,10 @@ class Padder {
     const Schema& type(int v) const { return b_.function().type(v); }
     int emit(std::string_view name, std::vector<int> args, Attrs attrs = {});
     int constant(double v, DType t) { return b_.constant(v, t); }
-    int mask_of(const std::string& name) const;
+    // The bool[B, ~name] mask: an input's, or for an axis an op derives (`H[::2]`, `H[*2]`),
+    // one built from its base axis's mask, emitted once. `like` is a value with axis ~name at
+    // per-sample position `axis` (its positions number a grown or scaled axis), or -1.
+    int mask_of(const std::string& name, int like = -1, int axis = -1);
     // x with the padding along its per-sample axes `axes` replaced by `fill`.
     int masked(int x, const std::vector<int>& axes, double fill);
     // f32[B]: per sample, the number of valid index tuples over `axes` (per-sample positions).
@@ -75,6 +78,7 @@ class Padder {
     std::set<int> nonfinite_inputs_;
     std::set<int> finite_;      // finite padding by construction (a masked sum over a count)
     std::map<int, bool> known_; // padding_finite's answers
+    std::map<std::string, int> derived_masks_;
 };
 
 } // namespace rag::frontend

@@ -1,8 +1,9 @@
 """rag on the image benchmark: python3 rag_images.py MODEL PROFILE [--calls K] [--budget S]
-[--threads T] [--dump FILE.npz]. MODEL: fcn (examples/fcn.rag) or vit (examples/vit.rag).
-Prints one JSON line for the loss (fwd) and one for the training step. --dump writes the padded
-batch, the sizes and rag's initial params (dotted names) so the peers start from the same
-state. rag padded is not measured: the image ops do not run padded yet."""
+[--threads T] [--dump FILE.npz] [--padded]. MODEL: fcn (examples/fcn.rag) or vit
+(examples/vit.rag). Prints one JSON line for the loss (fwd) and one for the training step.
+--dump writes the padded batch, the sizes and rag's initial params (dotted names) so the peers
+start from the same state. --padded runs rag's padded execution of the same program (the FCN
+only: padded patches are numbered over the padded grid, so the ViT cannot run padded)."""
 import argparse
 import json
 import os
@@ -27,11 +28,12 @@ ap.add_argument("--calls", type=int, default=5)
 ap.add_argument("--budget", type=float, default=60.0)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--dump")
+ap.add_argument("--padded", action="store_true")
 a = ap.parse_args()
 os.environ["RAG_NUM_THREADS"] = str(a.threads)
 import rag  # noqa: E402
 
-m = rag.load(os.path.join(ROOT, "examples", a.model + ".rag"))
+m = rag.load(os.path.join(ROOT, "examples", a.model + ".rag"), padded=a.padded)
 p = m.init(TYPE[a.model], seed=0)
 s = m.init(f"Adam[{TYPE[a.model]}]")
 hw, xs, pix, cls = data.batch(a.profile)
@@ -59,7 +61,7 @@ def train():
     return loss.item()
 
 
-base = dict(model=a.model, profile=a.profile, system="rag-ragged", threads=a.threads,
+base = dict(model=a.model, profile=a.profile, system="rag-padded" if a.padded else "rag-ragged", threads=a.threads,
             **data.occupancy(hw))
 for is_fwd, step in ((True, fwd), (False, train)):
     r = timing.measure(step, a.calls, a.budget)

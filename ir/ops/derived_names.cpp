@@ -99,4 +99,34 @@ std::string window_axis_name(const std::string& base, std::int64_t k, std::int64
     return slice_axis_name(grow_axis_name(base, -e), 0, s);
 }
 
+std::optional<DerivedStep> last_step(const std::string& name) {
+    auto t = last_token(name);
+    if (!t) return std::nullopt;
+    const auto kind = t->kind == Token::Kind::slice  ? DerivedStep::Kind::slice
+                      : t->kind == Token::Kind::grow ? DerivedStep::Kind::grow
+                                                     : DerivedStep::Kind::scale;
+    return DerivedStep{kind, name.substr(0, t->at), t->a, t->s};
+}
+
+std::optional<std::string> derived_base(const std::string& name) {
+    auto step = last_step(name);
+    if (!step) return std::nullopt;
+    return derived_base(step->base).value_or(step->base);
+}
+
+std::int64_t derived_length(const std::string& name, std::int64_t base_length) {
+    auto step = last_step(name);
+    if (!step) return base_length;
+    const std::int64_t L = derived_length(step->base, base_length);
+    switch (step->kind) {
+    case DerivedStep::Kind::slice:
+        return L <= step->a ? 0 : (L - step->a + step->s - 1) / step->s;
+    case DerivedStep::Kind::grow:
+        return L + step->a;
+    case DerivedStep::Kind::scale:
+        return L * step->a;
+    }
+    return L;
+}
+
 } // namespace rag

@@ -10,6 +10,7 @@
 // names when a file loads (frontend/lower.cpp).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace rag {
@@ -26,5 +27,19 @@ std::string scale_axis_name(const std::string& base, std::int64_t m);
 // `base[+(-e)][::s]` otherwise; a window that keeps the length keeps the name.
 std::string window_axis_name(const std::string& base, std::int64_t k, std::int64_t s,
                              std::int64_t lo, std::int64_t hi, std::int64_t d);
+
+// The last step of a derived name: `H[::4][*4]` is `H[::4]` scaled by 4.
+struct DerivedStep {
+    enum class Kind { slice, grow, scale } kind;
+    std::string base;
+    std::int64_t a = 0, s = 1; // slice: e, s; grow: g; scale: m
+};
+std::optional<DerivedStep> last_step(const std::string& name);
+
+// The axis a derived name starts from (`H` for `H[::4][*4]`); nullopt for a name with no token.
+std::optional<std::string> derived_base(const std::string& name);
+// The length of derived axis `name` when its base axis has `base_length`: each token's length
+// function in turn (`H[::4][*4]`: 4 ceil(L / 4)).
+std::int64_t derived_length(const std::string& name, std::int64_t base_length);
 
 } // namespace rag
