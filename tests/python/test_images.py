@@ -291,15 +291,6 @@ def test_image_type_errors_name_the_problem(src, message):
     assert "err.rag:1:" in str(e.value)
 
 
-def test_padded_tier_refuses_images_clearly():
-    src = ("fn f(x: f32[B, 2, ~H, ~W], w: f32[2, 2, 3, 3]) -> f32[B, 2, ~H, ~W] "
-           "{ return conv2d(x, w, padding=1) }\n")
-    m = rag.compile(src, "padded.rag", padded=True)
-    x = batch(images(np.random.default_rng(0), 2, [(3, 4), (2, 2)], np.float32))
-    with pytest.raises(rag.Error, match="padded execution does not support conv2d yet"):
-        m.f(x, np.ones((2, 2, 3, 3), np.float32))
-
-
 IMAGE_OPS = {"conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv2d_bias_grad",
              "max_pool2d", "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad", "upsample2d",
              "upsample2d_grad", "patches", "patches_grad"}
