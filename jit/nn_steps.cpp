@@ -57,16 +57,24 @@ RaggedTensor cross_entropy(const ir::Node& n, const RaggedTensor& z, const Ragge
 template <class T> RaggedTensor dropout(const ir::Node& n, const RaggedTensor& x) {
     const double p = dropout_p(n.attrs);
     const std::int64_t seed = n.attrs.get_int("seed");
-    const std::vector<std::int64_t> counters =
-        n.attrs.has("shared_axis") ? dropout_counters(x, n.attrs) : std::vector<std::int64_t>{};
     RaggedTensor y = uninitialized(x.dtype(), x.structure_ptr());
     const T* xs = static_cast<const T*>(x.data());
     T* ys = static_cast<T*>(y.mutable_data());
-    parallel_for(x.numel(), 1 << 14, [&](std::int64_t a, std::int64_t e) {
-        for (std::int64_t k = a; k < e; ++k) {
-            const std::int64_t counter = counters.empty() ? k : counters[std::size_t(k)];
-            ys[k] = dropout_uniform(seed, counter) >= p ? T(double(xs[k]) / (1 - p)) : T(0);
-        }
+    auto draw = [&](std::int64_t k, std::int64_t counter) {
+        ys[k] = dropout_uniform(seed, counter) >= p ? T(double(xs[k]) / (1 - p)) : T(0);
+    };
+    if (!n.attrs.has("shared_axis")) {
+        parallel_for(x.numel(), 1 << 14, [&](std::int64_t a, std::int64_t e) {
+            for (std::int64_t k = a; k < e; ++k) draw(k, k);
+        });
+        return y;
+    }
+    // Shared along an axis: runs of logical elements, each stepping its own odometer.
+    const int shared = dropout_shared_axis(x, n.attrs);
+    const std::vector<DropoutRun> runs = dropout_runs(x.structure(), 1 << 14);
+    parallel_for(std::int64_t(runs.size()), 1, [&](std::int64_t a, std::int64_t e) {
+        for (std::int64_t r = a; r < e; ++r)
+            for_each_dropout_counter(x.structure(), shared, runs[std::size_t(r)], draw);
     });
     return y;
 }

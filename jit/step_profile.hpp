@@ -9,7 +9,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace rag::jit {
 
@@ -56,6 +59,24 @@ class StepProfile {
             std::fprintf(stderr, "  %8.3f ms  %5.1f%%  %s\n", 1e3 * seconds_[order[k]] / calls_,
                          100 * seconds_[order[k]] / std::max(total, 1e-12),
                          lines[order[k]].c_str());
+        // Totals per step kind and op ("gemm matmul", "fused"): a long plan's time is spread
+        // over many steps of a few kinds.
+        std::map<std::string, std::pair<double, int>> by;
+        for (std::size_t k = 0; k < order.size(); ++k) {
+            const std::string& l = lines[k];
+            std::string key = l.substr(0, l.find(' '));
+            if (auto eq = l.find(" = "); eq != std::string::npos && key != "fused")
+                key += " " + l.substr(eq + 3, l.find(' ', eq + 3) - eq - 3);
+            by[key].first += seconds_[k];
+            by[key].second += 1;
+        }
+        std::vector<std::pair<double, std::string>> kinds;
+        for (const auto& [key, v] : by) kinds.push_back({v.first, key});
+        std::sort(kinds.rbegin(), kinds.rend());
+        std::fprintf(stderr, "by kind:\n");
+        for (const auto& [sec, key] : kinds)
+            std::fprintf(stderr, "  %8.3f ms  %5.1f%%  %s (%d steps)\n", 1e3 * sec / calls_,
+                         100 * sec / std::max(total, 1e-12), key.c_str(), by[key].second);
     }
 
   private:

@@ -259,35 +259,26 @@ std::vector<std::int64_t> dropout_counters(const RaggedTensor& x, const Attrs& a
         for (std::size_t e = 0; e < k.size(); ++e) k[e] = std::int64_t(e);
         return k;
     }
-    const int a = kern::sample_axis(x.shape(), at.get_int("shared_axis"), "dropout");
-    // The digits make k linear in the index: k = i w_i + sum_b idx_b w_b (mod 2^64), with
-    // w_b = 2^(20 (r - 1 - b)) (0 on the shared axis), so an odometer adds one weight per step.
-    for (std::int64_t i = 0; i < x.batch(); ++i) {
-        const kern::SampleView v = kern::sample_view(x.structure(), i);
-        const std::size_t r = v.shape.size();
-        std::vector<std::uint64_t> w(r);
-        std::uint64_t place = 1;
-        for (std::size_t b = r; b-- > 0;) {
-            w[b] = int(b) == a ? 0 : place;
-            place <<= 20;
-        }
-        if (v.numel() == 0) continue;
-        std::vector<std::int64_t> idx(r, 0);
-        std::uint64_t c = std::uint64_t(i) * place;
-        std::int64_t off = v.base;
-        for (std::int64_t n = v.numel(); n > 0; --n) {
-            k[std::size_t(off)] = std::int64_t(c);
-            for (std::size_t b = r; b-- > 0;) {
-                c += w[b];
-                off += v.strides[b];
-                if (++idx[b] < v.shape[b]) break;
-                c -= w[b] * std::uint64_t(v.shape[b]);
-                off -= v.strides[b] * v.shape[b];
-                idx[b] = 0;
-            }
-        }
-    }
+    const int a = dropout_shared_axis(x, at);
+    for (const DropoutRun& r : dropout_runs(x.structure(), std::int64_t(1) << 62))
+        for_each_dropout_counter(x.structure(), a, r, [&](std::int64_t off, std::int64_t c) {
+            k[std::size_t(off)] = c;
+        });
     return k;
+}
+
+int dropout_shared_axis(const RaggedTensor& x, const Attrs& at) {
+    return kern::sample_axis(x.shape(), at.get_int("shared_axis"), "dropout");
+}
+
+std::vector<DropoutRun> dropout_runs(const Structure& st, std::int64_t len) {
+    std::vector<DropoutRun> runs;
+    for (std::int64_t i = 0; i < st.batch(); ++i) {
+        std::int64_t n = 1;
+        for (std::int64_t e : st.sample_shape(i)) n *= e;
+        for (std::int64_t n0 = 0; n0 < n; n0 += len) runs.push_back({i, n0, std::min(n, n0 + len)});
+    }
+    return runs;
 }
 
 namespace {
