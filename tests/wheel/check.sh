@@ -62,9 +62,11 @@ if [ "${1:-}" = --inside ]; then
     cat "$work/ldd.txt"
     fail "the installed extension misses libraries"
   fi
-  # Outside the venv only what manylinux lets a wheel assume: glibc, libstdc++, libgcc_s.
+  # Outside the venv only what the manylinux policy lets a wheel assume: glibc, libstdc++,
+  # libgcc_s, zlib.
   outside=$(awk '$3 ~ /^\// {print $3}' "$work/ldd.txt" | grep -v "^$work/venv/" |
-    grep -vE '/(libc|libm|libmvec|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' || true)
+    grep -vE '/(libc|libm|libmvec|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libz|ld-linux[^/]*)\.so' ||
+    true)
   [ -z "$outside" ] || fail "the extension loads libraries from outside the wheel: $outside"
   echo "bundled: $(awk '$3 ~ /rag.libs/ {print $1}' "$work/ldd.txt" | tr '\n' ' ')"
 
