@@ -8,8 +8,8 @@ import pytest
 import rag
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# Odd sides, a 1 x 1 image, sides below the kernel, and a wide one.
-SIZES = [(8, 12), (5, 7), (1, 1), (2, 3), (12, 20)]
+# Odd sides, a 1 x 1 image, sides below the kernel, an empty image, and a wide one.
+SIZES = [(8, 12), (5, 7), (1, 1), (2, 3), (0, 4), (12, 20)]
 
 OPS = """
 params P {
