@@ -1,8 +1,11 @@
 """PyTorch padded on the image benchmark, the same math as examples/fcn.rag and vit.rag from
 rag's initial params: python3 torch_images.py MODEL DUMP.npz PROFILE [--calls K] [--budget S]
-[--threads T] [--channels-last]. Images are padded to the batch's envelope; every activation
-is multiplied by its resolution's mask, so convolutions read zeros outside each image as rag's
-do, and the losses average over valid pixels (FCN) or pool over valid tokens (ViT)."""
+[--threads T] [--channels-last | --danling]. Images are padded to the batch's envelope; every
+activation is multiplied by its resolution's mask, so convolutions read zeros outside each
+image as rag's do, and the losses average over valid pixels (FCN) or pool over valid tokens
+(ViT). --danling runs the FCN on DanLing's NestedTensor instead (no padding: each image its own
+tensor; DanLing's CPU path runs every convolution but 1 x 1 image by image); it has no patches
+op, so the ViT does not run on it."""
 import argparse
 import json
 import os
@@ -26,7 +29,12 @@ ap.add_argument("--calls", type=int, default=5)
 ap.add_argument("--budget", type=float, default=60.0)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--channels-last", action="store_true")
+ap.add_argument("--danling", action="store_true")
 a = ap.parse_args()
+if a.danling:
+    if a.model != "fcn":
+        sys.exit("torch_images.py: DanLing has no patches op; only the FCN runs on it")
+    from danling.tensors import NestedTensor  # patches torch: its own process
 torch.set_num_threads(a.threads)
 torch.set_flush_denormal(True)  # the same speed whatever tiny values the init makes
 d = np.load(a.dump)
@@ -49,7 +57,24 @@ if a.model == "fcn":
     pix = torch.tensor(d["pix"])
     m2, m4 = masks(2), masks(4)
 
-    def loss_fn():
+    if a.danling:  # the same layers on unpadded images; the loss over the valid pixels
+        xn = NestedTensor([x[b, :, :h, :w] for b, (h, w) in enumerate(hw)])
+        pix_n = torch.cat([pix[b, :-(-h // 4) * 4, :-(-w // 4) * 4].reshape(-1)
+                           for b, (h, w) in enumerate(hw)])
+
+        def loss_fn():
+            conv = F.conv2d
+            h = F.relu(conv(xn, P["stem"], P["stem_b"], stride=2, padding=1))
+            t = F.relu(conv(h, P["block.w1"], P["block.b1"], padding=1))
+            h = F.relu(h + conv(t, P["block.w2"], P["block.b2"], padding=1))
+            t = F.relu(conv(h, P["down.w1"], P["down.b1"], stride=2, padding=1))
+            h = F.relu(conv(h, P["down.proj"], stride=2) +
+                       conv(t, P["down.w2"], P["down.b2"], padding=1))
+            logits = F.interpolate(conv(h, P["cls"], P["cls_b"]), scale_factor=4, mode="nearest")
+            z = torch.cat([t.permute(1, 2, 0).reshape(-1, t.shape[0]) for t in logits])
+            return F.cross_entropy(z, pix_n)
+
+    def padded_loss_fn():
         conv = F.conv2d
         h = F.relu(conv(x, P["stem"], P["stem_b"], stride=2, padding=1)) * m2
         t = F.relu(conv(h, P["block.w1"], P["block.b1"], padding=1)) * m2
@@ -59,6 +84,8 @@ if a.model == "fcn":
                    conv(t, P["down.w2"], P["down.b2"], padding=1)) * m4
         logits = F.interpolate(conv(h, P["cls"], P["cls_b"]), scale_factor=4, mode="nearest")
         return F.cross_entropy(logits, pix, ignore_index=-100)
+    if not a.danling:
+        loss_fn = padded_loss_fn
     opt = torch.optim.AdamW(P.values(), lr=1e-2, weight_decay=0.0)
     clip = None
 else:
@@ -113,7 +140,7 @@ def train():
     return loss.item()
 
 
-system = "torch-padded" + ("-channels-last" if a.channels_last else "")
+system = "danling-nt" if a.danling else "torch-padded" + ("-channels-last" if a.channels_last else "")
 base = dict(model=a.model, profile=a.profile, system=system, threads=a.threads,
             **data.occupancy(hw))
 for is_fwd, step in ((True, fwd), (False, train)):
