@@ -184,7 +184,7 @@ int Padder::envelope_count(int x, const std::vector<int>& axes) {
 }
 
 int Padder::per_sample(int c, int like) {
-    const Schema& l = type(like);
+    const Schema l = type(like); // a copy: emitting grows the node list
     std::string spec = ":";
     for (int q = 0; q < l.shape.sample_rank(); ++q) spec += ", new";
     if (l.shape.sample_rank() > 0) c = emit("index", {c}, {{"spec", spec}});
@@ -231,10 +231,25 @@ int Padder::reduction(std::string_view name, int x, const Attrs& attrs) {
 
 // softmax(q k^T * scale) v as padded frameworks run it: scores materialised over the envelope
 // (B, H, N_max, M_max), padded keys masked out before the softmax.
+// Causal attention keeps key j for query i iff j <= i (both counted from the sample's start,
+// so padding never comes between): scores s with queries on logical axis n and keys on n + 1
+// lose the rest. The comparison runs on [B, 1.., ~N, ~M] positions as f32 (a fused loop), not
+// on every head's scores.
+int Padder::causal(int s, int n, const std::string& queries, const std::string& keys) {
+    const Schema st = type(s);
+    auto placed = [&](const std::string& name, int at) {
+        int pos = emit("positions", {mask_of(name)}, {{"axis", std::int64_t(1)}});
+        pos = emit("cast", {pos}, {{"dtype", std::string("f32")}});
+        std::string spec = ":";
+        for (int a = 1; a < st.shape.logical_rank(); ++a) spec += a == at ? ", :" : ", new";
+        return emit("index", {pos}, {{"spec", spec}});
+    };
+    const int visible = emit("le", {placed(keys, n + 1), placed(queries, n)});
+    return emit("where", {visible, s, constant(very_negative(st.dtype), st.dtype)});
+}
+
 int Padder::attention(int q, int k, int v, const Attrs& attrs) {
-    if (attrs.get_bool("causal", false))
-        fail("padded execution: causal attention is not supported yet");
-    const Schema& qs = type(q);
+    const Schema qs = type(q); // a copy: emitting grows the node list
     const double D = double(qs.shape.axes.back().extent);
     const double scale = attrs.get_float("scale", 1.0 / std::sqrt(D));
     auto T = [&](int x, std::int64_t a, std::int64_t b) {
@@ -245,6 +260,8 @@ int Padder::attention(int q, int k, int v, const Attrs& attrs) {
     int s = emit("matmul", {qt, kt}); // [B, H, ~N, ~M]
     s = emit("scale", {s}, {{"c", scale}});
     s = masked(s, {2}, very_negative(qs.dtype));
+    if (attrs.get_bool("causal", false))
+        s = causal(s, 2, qs.shape.axes[0].name, type(k).shape.axes[0].name);
     int p = emit("softmax", {s}, {{"axis", std::int64_t(3)}});
     int o = emit("matmul", {p, T(v, 1, 2)}); // [B, H, ~N, Dv]; padded keys have p = 0
     return T(o, 1, 2);                       // [B, ~N, H, Dv]
@@ -254,9 +271,7 @@ int Padder::attention(int q, int k, int v, const Attrs& attrs) {
 // the envelope ([B, H, N_max, M_max] on singles, [B, N_max, H, N_max, N_max] on pair states),
 // the bias added, padded keys masked out before the softmax.
 int Padder::biased_attention(int q, int k, int v, int bias, const Attrs& attrs) {
-    if (attrs.get_bool("causal", false))
-        fail("padded execution: causal attention is not supported yet");
-    const Schema& qs = type(q);
+    const Schema qs = type(q); // a copy: emitting grows the node list
     const double D = double(qs.shape.axes.back().extent);
     const double scale = attrs.get_float("scale", 1.0 / std::sqrt(D));
     const std::int64_t r = attrs.get_int("axis", 1) - 1; // 1 on pair states: rows lead
@@ -269,6 +284,9 @@ int Padder::biased_attention(int q, int k, int v, int bias, const Attrs& attrs) 
     int b = T(T(bias, 1, 3), 2, 3);                                        // [B, H, ~N, ~M]
     if (r == 1) b = emit("index", {b}, {{"spec", std::string(":, new")}}); // [B, 1, H, ~N, ~M]
     s = masked(emit("add", {s, b}), {int(r + 2)}, very_negative(qs.dtype));
+    if (attrs.get_bool("causal", false))
+        s = causal(s, int(r + 2), qs.shape.axes[std::size_t(r)].name,
+                   type(k).shape.axes[std::size_t(r)].name);
     int p = emit("softmax", {s}, {{"axis", r + 3}});
     int o = emit("matmul", {p, T(v, r + 1, r + 2)}); // padded keys have p = 0
     return T(o, r + 1, r + 2);

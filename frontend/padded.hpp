@@ -68,6 +68,7 @@ class Padder {
     // c: f32[B] broadcast against a value of `like`'s per-sample rank, as like's dtype.
     int per_sample(int c, int like);
     int reduction(std::string_view name, int x, const Attrs& attrs);
+    int causal(int s, int n, const std::string& queries, const std::string& keys);
     int attention(int q, int k, int v, const Attrs& attrs);
     int biased_attention(int q, int k, int v, int bias, const Attrs& attrs);
     int mean_loss(std::string_view name, std::vector<int> args, int positions_of);

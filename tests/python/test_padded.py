@@ -87,16 +87,58 @@ def test_padded_property_switches_a_module(example_path, pair_params, rng):
     assert m.stats()["block"]["compilations"] == 2
 
 
-def test_compile_padded_and_its_errors(rng):
+def test_compile_padded(rng):
     src = """
 fn row_mean(x: f64[B, ~N, 3]) -> f64[B, 3] { return mean(x, axis=1) }
-fn causal(q: f32[B, ~N, 2, 4]) -> f32[B, ~N, 2, 4] { return attention(q, q, q, causal=true) }
 """
     m = rag.compile(src, "p.rag", padded=True)
     xs = [rng.standard_normal((n, 3)) for n in (4, 0, 2)]
     got = m.row_mean(rag.ragged(xs)).numpy()
     np.testing.assert_allclose(got, [x.mean(0) if len(x) else np.zeros(3) for x in xs],
                                rtol=1e-12)
-    q = rag.ragged([rng.standard_normal((n, 2, 4)).astype(np.float32) for n in (2, 3)])
-    with pytest.raises(rag.Error, match="padded execution: causal attention is not supported"):
-        m.causal(q)
+
+
+CAUSAL = """
+params A {
+    wb: f32[2, 2] = normal(0.5)
+}
+fn self_causal(q: f32[B, ~N, 2, 4], k: f32[B, ~N, 2, 4]) -> f32[B, ~N, 2, 4] {
+    return attention(q, k, k, causal=true)
+}
+fn cross_causal(q: f32[B, ~N, 2, 4], k: f32[B, ~M, 2, 4]) -> f32[B, ~N, 2, 4] {
+    return attention(q, k, k, causal=true)
+}
+fn biased_causal(q: f32[B, ~N, 2, 4], k: f32[B, ~N, 2, 4], a: A) -> f32[B, ~N, 2, 4] {
+    let b = sum(q[:, :, new, :, :] * k[:, new, :, :, :], axis=4) @ a.wb   # [B, ~N, ~N, 2]
+    return attention(q, k, k, bias=b, causal=true)
+}
+fn loss(q: f32[B, ~N, 2, 4], k: f32[B, ~N, 2, 4], a: A) -> f32[] {
+    return sum(self_causal(q, k) * biased_causal(q, k, a))
+}
+fn gradient(q: f32[B, ~N, 2, 4], k: f32[B, ~N, 2, 4], a: A) -> A {
+    return grad(loss, wrt=a)(q, k, a)
+}
+fn gradient_q(q: f32[B, ~N, 2, 4], k: f32[B, ~N, 2, 4], a: A) -> f32[B, ~N, 2, 4] {
+    return grad(loss, wrt=q)(q, k, a)
+}
+"""
+
+
+@pytest.mark.parametrize("tier", ["jit", "interpreter"])
+def test_causal_attention_padded_matches_ragged(rng, tier):
+    """Key j is visible to query i iff j <= i, counted from each sample's start: the padded
+    scores lose the later keys and the padded ones (the GPT's attention)."""
+    ragged = rag.compile(CAUSAL, "c.rag", tier=tier)
+    padded = rag.compile(CAUSAL, "c.rag", tier=tier, padded=True)
+    a = ragged.init("A", seed=3)
+
+    def heads(lengths):
+        return rag.ragged([rng.standard_normal((n, 2, 4)).astype(np.float32) for n in lengths])
+
+    for lengths in LENGTHS:
+        q, k = heads(lengths), heads(lengths)
+        for fn, args in (("self_causal", (q, k)), ("biased_causal", (q, k, a)),
+                         ("loss", (q, k, a)), ("gradient", (q, k, a)), ("gradient_q", (q, k, a))):
+            assert_same(getattr(padded, fn)(*args), getattr(ragged, fn)(*args), 1e-5)
+        m = heads([n + 2 for n in lengths])  # more keys than queries: top-left aligned
+        assert_same(padded.cross_causal(q, m), ragged.cross_causal(q, m), 1e-5)
