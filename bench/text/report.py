@@ -72,9 +72,9 @@ for model, prof, fwd in keys:
     ran = [(s_, c["ms_min"] / own["ms_min"]) for s_, c in peers if c and "ms_min" in c]
     behind = [f"{s_} ({q:.2f})" for s_, q in ran if q < 0.95]
     ties = [s_ for s_, q in ran if abs(q - 1) <= 0.05]
-    line += ("ahead of every peer that ran" if not behind and not ties else
-             "behind " + ", ".join(behind) if behind else "") + \
-            (("; tie with " + ", ".join(ties)) if ties else "")
+    parts = (["behind " + ", ".join(behind)] if behind else []) + \
+        (["tie with " + ", ".join(ties)] if ties else [])
+    line += "; ".join(parts) if parts else "ahead of every peer that ran"
     out.append(line)
 out += ["", "## Every cell", "",
         "| model | profile | step | system | ms/step | least | calls | first call s | "
