@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <type_traits>
 
 namespace rag::bind {
 
@@ -370,10 +371,24 @@ std::vector<Axis> axes_from_spec(std::string spec, int rank, std::optional<DType
 
 namespace {
 
+// What an export owns: the buffer, the shape and strides the DLTensor points at, and the
+// managed struct of the kind the consumer asked for (one of the two is used).
 struct ExportCtx {
     std::shared_ptr<std::byte> keep;
     std::vector<std::int64_t> shape, strides;
     DLManagedTensor managed{};
+    DLManagedTensorVersioned versioned{};
+};
+
+// The capsule names of each managed form.
+template <class M> struct Capsule;
+template <> struct Capsule<DLManagedTensor> {
+    static constexpr const char* name = dlpack_capsule;
+    static constexpr const char* used = dlpack_used_capsule;
+};
+template <> struct Capsule<DLManagedTensorVersioned> {
+    static constexpr const char* name = dlpack_versioned_capsule;
+    static constexpr const char* used = dlpack_used_versioned_capsule;
 };
 
 DLDataType dl_dtype(DType t) {
@@ -409,22 +424,83 @@ std::optional<DType> from_dl_dtype(DLDataType d) {
     return std::nullopt;
 }
 
-void capsule_destructor(PyObject* cap) {
+template <class M> void capsule_destructor(PyObject* cap) {
     // Only a capsule nobody consumed still owns its tensor.
-    if (!PyCapsule_IsValid(cap, dlpack_capsule)) return;
-    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, dlpack_capsule));
+    if (!PyCapsule_IsValid(cap, Capsule<M>::name)) return;
+    auto* m = static_cast<M*>(PyCapsule_GetPointer(cap, Capsule<M>::name));
     if (m && m->deleter) m->deleter(m);
 }
 
-void call_deleter(DLManagedTensor* m) {
+// Producers' deleters may touch Python objects (NumPy's drop a reference), and rag releases
+// buffers on its own threads.
+template <class M> void call_deleter(M* m) {
     if (!m || !m->deleter || !Py_IsInitialized()) return;
     py::gil_scoped_acquire gil;
     m->deleter(m);
 }
 
+template <class M> py::capsule export_capsule(M* m, ExportCtx* ctx) {
+    m->manager_ctx = ctx;
+    m->deleter = [](M* self) { delete static_cast<ExportCtx*>(self->manager_ctx); };
+    PyObject* cap = PyCapsule_New(m, Capsule<M>::name, capsule_destructor<M>);
+    if (!cap) {
+        delete ctx;
+        throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::capsule>(cap);
+}
+
+// A tensor taken over from a capsule: its DLTensor, whether the producer forbids writes, and
+// the owner that calls the producer's deleter once rag no longer uses the memory.
+struct Imported {
+    const DLTensor* dl = nullptr;
+    bool read_only = false;
+    std::shared_ptr<void> owner;
+};
+
+template <class M> Imported take(py::handle cap) {
+    auto* m = static_cast<M*>(PyCapsule_GetPointer(cap.ptr(), Capsule<M>::name));
+    if (!m) throw py::error_already_set();
+    Imported out;
+    if constexpr (std::is_same_v<M, DLManagedTensorVersioned>) {
+        // A newer major version may move every field after `version`: refuse it before taking
+        // ownership, so the capsule still frees it.
+        if (m->version.major != dlpack_major)
+            fail("from_dlpack: DLPack ", m->version.major, ".", m->version.minor,
+                 " tensor; rag reads DLPack ", dlpack_major, ".x and the legacy form");
+        out.read_only = (m->flags & dlpack_flag_read_only) != 0;
+    }
+    if (PyCapsule_SetName(cap.ptr(), Capsule<M>::used) != 0) throw py::error_already_set();
+    out.dl = &m->dl_tensor;
+    out.owner = std::shared_ptr<M>(m, call_deleter<M>);
+    return out;
+}
+
+// A capsule from `obj`: the capsule itself, or a producer's export in the newest form rag reads.
+py::object capsule_of(py::handle obj) {
+    if (PyCapsule_CheckExact(obj.ptr())) return py::reinterpret_borrow<py::object>(obj);
+    if (!py::hasattr(obj, "__dlpack__"))
+        fail("from_dlpack: expected an object with __dlpack__ or a DLPack capsule, got ",
+             py::str(py::type::of(obj)).cast<std::string>());
+    if (py::hasattr(obj, "__dlpack_device__")) {
+        py::tuple dev = obj.attr("__dlpack_device__")();
+        int type = dev[0].cast<int>();
+        if (type != kDLCPU && type != kDLCUDAHost)
+            fail("from_dlpack: the tensor lives on DLPack device type ", type,
+                 "; rag takes CPU memory only (copy it to the host first)");
+    }
+    try {
+        return obj.attr("__dlpack__")("max_version"_a = py::make_tuple(dlpack_major, dlpack_minor));
+    } catch (py::error_already_set& e) {
+        // Producers older than DLPack 1.0 take no max_version (the protocol's prescribed retry).
+        if (!e.matches(PyExc_TypeError)) throw;
+    }
+    return obj.attr("__dlpack__")();
+}
+
 } // namespace
 
-py::capsule to_dlpack(const RaggedTensor& t, bool copy) {
+py::capsule to_dlpack(const RaggedTensor& t, bool copy, bool versioned) {
     py::array v = values_view(t);
     auto* ctx = new ExportCtx();
     ctx->keep = t.buffer().data;
@@ -440,7 +516,7 @@ py::capsule to_dlpack(const RaggedTensor& t, bool copy) {
         ctx->shape.push_back(v.shape(a));
         ctx->strides.push_back(v.strides(a) / py::ssize_t(es));
     }
-    DLTensor& dl = ctx->managed.dl_tensor;
+    DLTensor dl{};
     dl.data = data;
     dl.device = {kDLCPU, 0};
     dl.ndim = std::int32_t(v.ndim());
@@ -448,44 +524,29 @@ py::capsule to_dlpack(const RaggedTensor& t, bool copy) {
     dl.shape = ctx->shape.data();
     dl.strides = ctx->strides.data();
     dl.byte_offset = 0;
-    ctx->managed.manager_ctx = ctx;
-    ctx->managed.deleter = [](DLManagedTensor* self) {
-        delete static_cast<ExportCtx*>(self->manager_ctx);
-    };
-    PyObject* cap = PyCapsule_New(&ctx->managed, dlpack_capsule, capsule_destructor);
-    if (!cap) {
-        delete ctx;
-        throw py::error_already_set();
+    if (!versioned) {
+        ctx->managed.dl_tensor = dl;
+        return export_capsule(&ctx->managed, ctx);
     }
-    return py::reinterpret_steal<py::capsule>(cap);
+    // Writable: rag's own views of the values (`values`, the buffer protocol) are too.
+    ctx->versioned.version = {dlpack_major, dlpack_minor};
+    ctx->versioned.flags = copy ? dlpack_flag_is_copied : 0;
+    ctx->versioned.dl_tensor = dl;
+    return export_capsule(&ctx->versioned, ctx);
 }
 
 RaggedTensor from_dlpack(py::handle obj, bool batched) {
-    py::object cap;
-    if (PyCapsule_CheckExact(obj.ptr())) {
-        cap = py::reinterpret_borrow<py::object>(obj);
-    } else if (py::hasattr(obj, "__dlpack__")) {
-        if (py::hasattr(obj, "__dlpack_device__")) {
-            py::tuple dev = obj.attr("__dlpack_device__")();
-            int type = dev[0].cast<int>();
-            if (type != kDLCPU && type != kDLCUDAHost)
-                fail("from_dlpack: the tensor lives on DLPack device type ", type,
-                     "; rag takes CPU memory only (copy it to the host first)");
-        }
-        cap = obj.attr("__dlpack__")();
-    } else {
-        fail("from_dlpack: expected an object with __dlpack__ or a DLPack capsule, got ",
-             py::str(py::type::of(obj)).cast<std::string>());
-    }
-    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), dlpack_capsule));
-    if (!m) {
-        PyErr_Clear();
-        fail("from_dlpack: not a \"dltensor\" capsule (already consumed?)");
-    }
-    if (PyCapsule_SetName(cap.ptr(), dlpack_used_capsule) != 0) throw py::error_already_set();
-    // From here on the tensor is ours: the owner calls its deleter once nothing uses it.
-    std::shared_ptr<DLManagedTensor> owner(m, call_deleter);
-    const DLTensor& dl = m->dl_tensor;
+    py::object cap = capsule_of(obj);
+    Imported in;
+    if (PyCapsule_IsValid(cap.ptr(), dlpack_versioned_capsule))
+        in = take<DLManagedTensorVersioned>(cap);
+    else if (PyCapsule_IsValid(cap.ptr(), dlpack_capsule))
+        in = take<DLManagedTensor>(cap);
+    else
+        fail("from_dlpack: not a \"dltensor\" or \"dltensor_versioned\" capsule (already "
+             "consumed?)");
+    // From here on the tensor is ours: `in.owner` calls its deleter once nothing uses it.
+    const DLTensor& dl = *in.dl;
     if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost)
         fail("from_dlpack: device type ", int(dl.device.device_type), " is not CPU memory");
     auto t = from_dl_dtype(dl.dtype);
@@ -506,12 +567,14 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
     const std::size_t es = dtype_size(*t);
     auto* data = static_cast<std::byte*>(dl.data) + dl.byte_offset;
     Buffer buf;
-    if (contiguous && numel > 0 && aligned64(data)) {
-        buf = {std::shared_ptr<std::byte>(owner, data), std::size_t(numel) * es};
+    // Read-only memory is copied: rag's views of a tensor's values are writable, so adopting it
+    // would hand out write access the producer forbade (the rule buffer_of applies to arrays).
+    if (contiguous && numel > 0 && aligned64(data) && !in.read_only) {
+        buf = {std::shared_ptr<std::byte>(in.owner, data), std::size_t(numel) * es};
     } else {
         buf = Buffer::allocate(std::size_t(numel) * es);
         if (numel > 0) copy_strided(data, strides.data(), shape, es, buf.data.get());
-        owner.reset();
+        in.owner.reset();
     }
     std::vector<Axis> axes;
     if (!batched) {
@@ -606,7 +669,8 @@ RaggedTensor from_packed(py::handle values, py::handle lengths, const std::strin
         for (const auto& a : axes) sizes.push_back(a.is_ragged() ? by_name[a.name][i] : a.extent);
     auto st = Structure::make(Shape{true, axes}, std::int64_t(B), std::move(sizes));
     // The values: adopted from a DLPack producer or an array when they can be, else copied once.
-    const bool dl = py::hasattr(values, "__dlpack__") && !py::isinstance<py::array>(values);
+    const bool dl = PyCapsule_CheckExact(values.ptr()) ||
+                    (py::hasattr(values, "__dlpack__") && !py::isinstance<py::array>(values));
     RaggedTensor v =
         dl ? from_dlpack(values, false)
            : tensor_from_array(values, want ? *want : infer_dtype(py::array::ensure(values)), false,

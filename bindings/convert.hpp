@@ -84,9 +84,12 @@ RaggedTensor from_packed(py::handle values, py::handle lengths, const std::strin
 py::tuple packed(const RaggedTensor& t);
 
 // ---- DLPack ---------------------------------------------------------------------------------
-// A "dltensor" capsule over the packed values (see values_view); `copy` exports a fresh copy.
-py::capsule to_dlpack(const RaggedTensor& t, bool copy);
-// Takes a producer (an object with __dlpack__) or a "dltensor" capsule. CPU memory only.
+// A capsule over the packed values (see values_view); `copy` exports a fresh copy. `versioned`:
+// a DLPack 1.x "dltensor_versioned" capsule (what a consumer passing max_version >= (1, 0)
+// gets), else the legacy "dltensor" one.
+py::capsule to_dlpack(const RaggedTensor& t, bool copy, bool versioned);
+// Takes a producer (an object with __dlpack__, asked for a versioned capsule first) or a
+// capsule of either kind. CPU memory only; read-only tensors (the DLPack 1.x flag) are copied.
 RaggedTensor from_dlpack(py::handle obj, bool batched);
 
 } // namespace rag::bind

@@ -799,7 +799,9 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             [](const RaggedTensor& t, py::object stream, py::object max_version,
                py::object dl_device, py::object copy) {
                 (void)stream;
-                (void)max_version;
+                // A consumer that reads DLPack 1.x says so with max_version (major, minor).
+                const bool versioned =
+                    !max_version.is_none() && py::tuple(max_version)[0].cast<int>() >= 1;
                 if (!dl_device.is_none()) {
                     py::tuple dev = dl_device;
                     if (dev[0].cast<int>() != kDLCPU)
@@ -807,12 +809,13 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                             "rag tensors live in CPU memory; cannot export to device type " +
                             std::to_string(dev[0].cast<int>()));
                 }
-                return to_dlpack(t, !copy.is_none() && copy.cast<bool>());
+                return to_dlpack(t, !copy.is_none() && copy.cast<bool>(), versioned);
             },
             py::kw_only(), "stream"_a = py::none(), "max_version"_a = py::none(),
             "dl_device"_a = py::none(), "copy"_a = py::none(),
-            "DLPack export of the packed values (see `values`): zero copy, CPU, legacy "
-            "\"dltensor\" capsule.")
+            "DLPack export of the packed values (see `values`): zero copy, CPU; a DLPack 1.x "
+            "\"dltensor_versioned\" capsule when max_version >= (1, 0), else the legacy "
+            "\"dltensor\" one.")
         .def("__dlpack_device__",
              [](const RaggedTensor&) { return py::make_tuple(int(kDLCPU), 0); })
         .def(py::pickle(&tensor_state, &tensor_from_state));

@@ -189,9 +189,40 @@ void run_gemm(const ir::Node& n, RaggedTensor& result, const std::vector<RaggedT
              static_cast<double*>(result.mutable_data()), d);
 }
 
+// The nodes a step computes: a fused group's members, else its node and the sibling gradient
+// nodes the same pass writes.
+std::vector<int> step_nodes(const Plan& plan, const Step& s) {
+    if (s.kind == Step::Kind::fused) return plan.groups[std::size_t(s.index)].nodes;
+    std::vector<int> nodes = {s.index};
+    nodes.insert(nodes.end(), s.also.begin(), s.also.end());
+    return nodes;
+}
+
+// For each step, the values to drop once it has run: those no later step reads (last use), and
+// those it computes that nothing reads, except the function's outputs. Without this every
+// intermediate of a call stayed live to its end: a four-block Pairformer's loss held all its
+// activations, its peak several times the padded envelope of one block, where a forward needs
+// a few pair states at once. Dropping a value drops one reference (views share storage), and
+// the inputs stay the caller's.
+std::vector<std::vector<int>> release_points(const ir::Function& f, const Plan& plan) {
+    constexpr int kNever = -1;
+    std::vector<int> last(f.nodes.size(), kNever);
+    for (std::size_t k = 0; k < plan.steps.size(); ++k)
+        for (int v : step_nodes(plan, plan.steps[k])) {
+            last[std::size_t(v)] = std::max(last[std::size_t(v)], int(k)); // computed here
+            for (int a : f.nodes[std::size_t(v)].args) last[std::size_t(a)] = int(k); // read here
+        }
+    for (int o : f.outputs) last[std::size_t(o)] = kNever;
+    std::vector<std::vector<int>> out(plan.steps.size());
+    for (std::size_t v = 0; v < last.size(); ++v)
+        if (last[v] != kNever) out[std::size_t(last[v])].push_back(int(v));
+    return out;
+}
+
 class CompiledCpu final : public CpuFunction {
   public:
-    explicit CompiledCpu(const ir::Function& f) : f_(f), plan_(make_plan(f)) {
+    explicit CompiledCpu(const ir::Function& f)
+        : f_(f), plan_(make_plan(f)), release_after_(release_points(f_, plan_)) {
         static std::atomic<int> counter{0};
         const std::string prefix = "rag_" + std::to_string(counter++) + "_";
         auto ctx = std::make_unique<llvm::LLVMContext>();
@@ -222,6 +253,7 @@ class CompiledCpu final : public CpuFunction {
             const double t0 = profile_.on() ? StepProfile::now() : 0.0;
             const std::int64_t refs = reference_runs;
             run_step(s, vals, relpos);
+            for (int v : release_after_[k]) vals[std::size_t(v)] = RaggedTensor();
             if (profile_.on()) profile_.add(k, StepProfile::now() - t0);
             // A step that reached a reference kernel (its own, or a host kernel's fallback).
             if (reference_runs != refs)
@@ -316,6 +348,7 @@ class CompiledCpu final : public CpuFunction {
 
     ir::Function f_;
     Plan plan_;
+    std::vector<std::vector<int>> release_after_; // release_points(f_, plan_)
     std::string ir_;
     llvm::orc::ResourceTrackerSP tracker_;
     std::vector<Kernel> kernels_;

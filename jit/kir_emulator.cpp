@@ -6,13 +6,17 @@
 #include "runtime/dtype.hpp"
 #include "runtime/error.hpp"
 
+#include <llvm/Analysis/ValueTracking.h>
+#include <llvm/IR/Operator.h>
 #include <ucontext.h>
 
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <new>
+#include <sstream>
 
 namespace rag::jit {
 namespace {
@@ -20,7 +24,8 @@ namespace {
 static_assert(offsetof(EmuThread, tid) == kEmuTid && offsetof(EmuThread, ntid) == kEmuNtid &&
               offsetof(EmuThread, ctaid) == kEmuCtaid &&
               offsetof(EmuThread, nctaid) == kEmuNctaid &&
-              offsetof(EmuThread, barrier) == kEmuBarrier && offsetof(EmuThread, mma) == kEmuMma);
+              offsetof(EmuThread, barrier) == kEmuBarrier && offsetof(EmuThread, mma) == kEmuMma &&
+              offsetof(EmuThread, access) == kEmuAccess);
 
 using Entry = void (*)(std::int64_t grid, const std::int64_t* params, void* const* buffers,
                        char* scratch, EmuThread* thread);
@@ -35,6 +40,106 @@ struct Fragment {
 
 void on_barrier(EmuThread* t);
 void on_mma(EmuThread* t, std::int64_t kind, const std::uint32_t* regs, float* acc);
+void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t how);
+
+// The arrays a launch checks accesses against (see kir_emulator.hpp): each shared array, and
+// the scratch arrays at their offsets in a block's region, with the scratch base and the
+// bytes of one block's region.
+struct Layout {
+    struct Array {
+        std::string name;
+        std::int64_t offset = 0, bytes = 0; // scratch: the offset in the block's region
+    };
+    std::string kernel;
+    std::map<std::int64_t, Array> shared;  // by buffer index
+    std::map<std::int64_t, Array> scratch; // by offset
+    char* scratch_base = nullptr;
+    std::int64_t region_bytes = 0;  // one block's stride in scratch
+    std::int64_t scratch_bytes = 0; // of it used by arrays
+};
+
+// One block's record of the threads that touched each 4-byte word of shared memory and of
+// its scratch region since the last bar.sync: the words an epoch (barrier interval) has not
+// touched have an older epoch, so a barrier costs nothing. Keeps the first error.
+class Shadow {
+  public:
+    Shadow(const Layout& l, std::int64_t ctaid) : l_(l), ctaid_(ctaid) {
+        for (const auto& [b, a] : l.shared) shared_[b].resize(std::size_t(a.bytes + 3) / 4);
+        scratch_.resize(std::size_t(l.scratch_bytes + 3) / 4);
+    }
+    void barrier() { ++epoch_; }
+    const std::string& error() const { return error_; }
+
+    void* access(int tid, std::int64_t region, char* base, char* at, std::int64_t bytes,
+                 bool write) {
+        const Layout::Array* array = nullptr;
+        std::vector<Word>* words = nullptr;
+        std::int64_t first = 0; // of the array, in `words`
+        if (region >= 0) {
+            const auto it = l_.shared.find(region);
+            if (it != l_.shared.end()) array = &it->second, words = &shared_[region];
+        } else {
+            const std::int64_t off = base - (l_.scratch_base + ctaid_ * l_.region_bytes);
+            const auto it = l_.scratch.find(off);
+            if (it != l_.scratch.end()) array = &it->second, words = &scratch_, first = off / 4;
+        }
+        const std::int64_t off = at - base;
+        if (!array || off < 0 || off + bytes > array->bytes || off % 4 != 0) {
+            if (error_.empty()) {
+                std::ostringstream e;
+                e << "kernel " << l_.kernel << " (emulated GPU): out-of-bounds "
+                  << (region >= 0 ? "shared" : "scratch") << " " << (write ? "write" : "read")
+                  << " by thread " << tid << " of block " << ctaid_ << ": byte " << off << " of "
+                  << (array ? "`" + array->name + "`" : std::string("no array"));
+                if (array) e << " (" << array->bytes << " bytes)";
+                error_ = e.str();
+            }
+            return &dummy_;
+        }
+        for (std::int64_t w = off / 4; w < (off + bytes + 3) / 4; ++w) {
+            Word& word = (*words)[std::size_t(first + w)];
+            if (word.epoch != epoch_) word = Word{epoch_};
+            const int other = word.writer >= 0 && word.writer != tid            ? word.writer
+                              : write && word.reader >= 0 && word.reader != tid ? word.reader
+                              : write && word.readers                           ? word.other_reader
+                                                                                : -1;
+            if (other >= 0 && error_.empty()) {
+                std::ostringstream e;
+                e << "kernel " << l_.kernel
+                  << " (emulated GPU): " << (region >= 0 ? "shared" : "scratch")
+                  << "-memory race on `" << array->name << "`[" << w << "] (byte " << w * 4
+                  << ") in block " << ctaid_ << ": thread " << tid << (write ? " writes" : " reads")
+                  << " it and thread " << other << (other == word.writer ? " wrote" : " read")
+                  << " it with no bar.sync between";
+                error_ = e.str();
+            }
+            if (write) {
+                word.writer = tid;
+            } else if (word.reader < 0) {
+                word.reader = tid;
+            } else if (word.reader != tid && !word.readers) {
+                word.readers = true;
+                word.other_reader = tid;
+            }
+        }
+        return at;
+    }
+
+  private:
+    struct Word {
+        std::uint32_t epoch = 0;
+        std::int32_t writer = -1, reader = -1; // the last writer; the first reader
+        std::int32_t other_reader = -1;        // a second reader, when readers
+        bool readers = false;                  // more than one thread read it
+    };
+    const Layout& l_;
+    std::int64_t ctaid_;
+    std::uint32_t epoch_ = 1;
+    std::map<std::int64_t, std::vector<Word>> shared_;
+    std::vector<Word> scratch_;
+    std::string error_;
+    alignas(16) char dummy_[64] = {};
+};
 
 // One block's threads as fibers on the launching thread, switched only where a thread waits
 // (bar.sync, mma.sync), so a block costs a few context switches per barrier instead of 128
@@ -45,10 +150,13 @@ class Block {
   public:
     enum class State : std::uint8_t { ready, at_barrier, at_mma, done };
 
-    Block(const std::function<void(EmuThread&)>& body, std::int64_t ctaid, std::int64_t nctaid)
-        : body_(body), stacks_(new char[std::size_t(kKirBlock) * kFiberStack]) {
+    Block(const std::function<void(EmuThread&)>& body, std::int64_t ctaid, std::int64_t nctaid,
+          const Layout& layout)
+        : shadow(layout, ctaid), body_(body),
+          stacks_(new char[std::size_t(kKirBlock) * kFiberStack]) {
         for (int t = 0; t < kKirBlock; ++t) {
-            threads_[t] = EmuThread{t, kKirBlock, ctaid, nctaid, &on_barrier, &on_mma, this};
+            threads_[t] =
+                EmuThread{t, kKirBlock, ctaid, nctaid, &on_barrier, &on_mma, this, &on_access};
             getcontext(&fibers_[t]);
             fibers_[t].uc_stack.ss_sp = stacks_.get() + std::size_t(t) * kFiberStack;
             fibers_[t].uc_stack.ss_size = kFiberStack;
@@ -75,6 +183,7 @@ class Block {
     }
 
     Fragment slots[kKirBlock];
+    Shadow shadow;
 
     // Parks the current thread until its block (at_barrier) or warp (at_mma) all waits.
     void wait(State why) {
@@ -97,6 +206,7 @@ class Block {
         if (std::all_of(state_, state_ + kKirBlock,
                         [](State s) { return s == State::at_barrier; })) {
             std::fill(state_, state_ + kKirBlock, State::ready);
+            shadow.barrier();
             return true;
         }
         bool woke = false;
@@ -124,6 +234,75 @@ thread_local Block* Block::starting_ = nullptr;
 
 void on_barrier(EmuThread* t) {
     static_cast<Block*>(t->block)->wait(Block::State::at_barrier);
+}
+
+void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t how) {
+    return static_cast<Block*>(t->block)->shadow.access(int(t->tid), region, base, at, how >> 1,
+                                                        (how & 1) != 0);
+}
+
+// Routes every load and store of entry's shared arrays and scratch arrays through the
+// thread's `access` (the EmuThread is the entry's last argument, the scratch region its
+// fourth): a shared array is a global of the module, a scratch array a GEP from the block's
+// region, itself a GEP from the scratch argument (kir_nvptx.cpp's build()).
+void instrument(llvm::Module& m, const std::string& entry, const kir::Kernel& k) {
+    llvm::Function* fn = m.getFunction(entry);
+    if (!fn) fail("internal: emulated kernel ", k.name, " has no entry ", entry);
+    llvm::Value* scratch = fn->getArg(3);
+    llvm::Value* thread = fn->getArg(4);
+    std::map<const llvm::Value*, std::int64_t> shared;
+    for (std::size_t b = 0; b < k.buffers.size(); ++b)
+        if (k.buffers[b].space == kir::Space::shared) {
+            llvm::GlobalVariable* g = m.getNamedGlobal(k.name + "_" + k.buffers[b].name);
+            if (!g)
+                fail("internal: emulated kernel ", k.name, " lost shared array ",
+                     k.buffers[b].name);
+            shared[g] = std::int64_t(b);
+        }
+    // The scratch array a pointer is computed from, or null.
+    auto scratch_array = [&](llvm::Value* p) -> llvm::Value* {
+        for (llvm::Value* v = p; auto* g = llvm::dyn_cast<llvm::GEPOperator>(v);
+             v = g->getPointerOperand()) {
+            auto* region = llvm::dyn_cast<llvm::GEPOperator>(g->getPointerOperand());
+            if (region && region->getPointerOperand() == scratch) return v;
+        }
+        return nullptr;
+    };
+    struct Access {
+        llvm::Instruction* inst;
+        std::int64_t region;
+        llvm::Value* base;
+    };
+    std::vector<Access> accesses;
+    for (llvm::BasicBlock& bb : *fn)
+        for (llvm::Instruction& i : bb) {
+            llvm::Value* p = llvm::getLoadStorePointerOperand(&i);
+            if (!p) continue;
+            const llvm::Value* object = llvm::getUnderlyingObject(p, 0);
+            if (auto it = shared.find(object); it != shared.end())
+                accesses.push_back({&i, it->second, const_cast<llvm::Value*>(object)});
+            else if (object == scratch)
+                if (llvm::Value* base = scratch_array(p)) accesses.push_back({&i, -1, base});
+        }
+    auto& ctx = m.getContext();
+    auto* ptr = llvm::PointerType::get(ctx, 0);
+    auto* i64 = llvm::Type::getInt64Ty(ctx);
+    auto* hook = llvm::FunctionType::get(ptr, {ptr, i64, ptr, ptr, i64}, false);
+    const llvm::DataLayout& dl = m.getDataLayout();
+    for (const Access& a : accesses) {
+        llvm::IRBuilder<> b(a.inst);
+        const bool write = llvm::isa<llvm::StoreInst>(a.inst);
+        llvm::Type* t = write ? llvm::cast<llvm::StoreInst>(a.inst)->getValueOperand()->getType()
+                              : a.inst->getType();
+        const auto bytes = std::int64_t(dl.getTypeStoreSize(t));
+        llvm::Value* fnp =
+            b.CreateLoad(ptr, b.CreateConstGEP1_64(b.getInt8Ty(), thread, kEmuAccess));
+        llvm::Value* at = b.CreateCall(hook, fnp,
+                                       {thread, b.getInt64(a.region), a.base,
+                                        llvm::getLoadStorePointerOperand(a.inst),
+                                        b.getInt64(bytes * 2 + (write ? 1 : 0))});
+        a.inst->setOperand(write ? 1 : 0, at);
+    }
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 for one lane: the warp's
@@ -171,6 +350,7 @@ class EmulatedKernel final : public CpuKernel {
         auto ctx = std::make_unique<llvm::LLVMContext>();
         auto m = new_module(name, *ctx);
         lower_kir_emulated(*m, k_, name + "0");
+        instrument(*m, name + "0", k_);
         entry_ = reinterpret_cast<Entry>(
             add_module(std::move(m), std::move(ctx), 1, name, &ir_, &tracker_).at(0));
     }
@@ -191,19 +371,41 @@ class EmulatedKernel final : public CpuKernel {
             std::size_t(std::max<std::int64_t>(kir_scratch_bytes(k_, params), 64)) *
             std::size_t(blocks);
         std::unique_ptr<char[]> scratch(new (std::align_val_t(64)) char[bytes]);
+        const Layout layout = this->layout(params, scratch.get());
         const std::function<void(EmuThread&)> body = [&](EmuThread& t) {
             entry_(grid, params.data(), buffers.data(), scratch.get(), &t);
         };
         for (int blk = 0; blk < blocks; ++blk) {
-            auto state = std::make_unique<Block>(body, blk, blocks);
+            auto state = std::make_unique<Block>(body, blk, blocks, layout);
             Block::starting_ = state.get();
             if (!state->run())
                 fail("kernel ", k_.name, " (emulated GPU): block ", blk,
                      " deadlocked: a barrier or mma was not reached by every thread");
+            if (!state->shadow.error().empty()) fail(state->shadow.error());
         }
     }
 
   private:
+    // Where a launch's arrays lie: scratch arrays 64-byte aligned in order, as
+    // kir_scratch_bytes lays them out.
+    Layout layout(std::span<const std::int64_t> params, char* scratch) const {
+        Layout l;
+        l.kernel = k_.name;
+        l.scratch_base = scratch;
+        l.region_bytes = kir_scratch_bytes(k_, params);
+        for (std::size_t b = 0; b < k_.buffers.size(); ++b) {
+            const kir::BufferDecl& d = k_.buffers[b];
+            const std::int64_t bytes =
+                d.space == kir::Space::global ? 0 : kir::evaluate(d.size, params) * 4;
+            if (d.space == kir::Space::shared) l.shared[std::int64_t(b)] = {d.name, 0, bytes};
+            if (d.space == kir::Space::scratch) {
+                l.scratch[l.scratch_bytes] = {d.name, l.scratch_bytes, bytes};
+                l.scratch_bytes = (l.scratch_bytes + bytes + 63) / 64 * 64;
+            }
+        }
+        return l;
+    }
+
     kir::Kernel k_;
     int blocks_;
     Entry entry_ = nullptr;

@@ -12,6 +12,17 @@
 // independently of the lowering. Exact PTX semantics beyond these (memory model, warp
 // scheduling, libdevice math: the host's libm is used) are not emulated. A barrier that not
 // every thread reaches is reported as a rag::Error, not a hang.
+//
+// Race and bounds checking: every load and store of a shared array or of the block's scratch
+// region (global memory every thread of the block shares) goes through EmuThread::access,
+// added to the lowered module here (kir_emulator.cpp), not by the lowering. Per 4-byte word
+// the block records which threads read and wrote it since the last bar.sync; two threads
+// touching one word, at least one writing, with no bar.sync between is a race, and an access
+// outside its array (shared: the declared size; scratch: the array the address was computed
+// from) is out of bounds. Either fails the launch with a rag::Error naming the kernel, the
+// array, the word and the two threads (an out-of-bounds access is redirected to a dummy word,
+// so the emulation itself stays in bounds). mma.sync is no barrier: it orders a warp's lanes,
+// not the block.
 #pragma once
 #include "jit/kir.hpp"
 #include "jit/kir_cpu.hpp"
@@ -31,9 +42,14 @@ struct EmuThread {
     // half); acc: C's four floats in, D's four out. kind: 0 f16, 1 bf16.
     void (*mma)(EmuThread*, std::int64_t kind, const std::uint32_t* regs, float* acc);
     void* block; // the emulator's per-block state
+    // A checked access of how >> 1 bytes at `at`, a write when how & 1, into the array that
+    // starts at `base`: shared array `region` (a buffer index), or a scratch array when region
+    // is -1. Returns the address to use.
+    void* (*access)(EmuThread*, std::int64_t region, char* base, char* at,
+                    std::int64_t how) = nullptr; // unused by the fused kernels
 };
 inline constexpr int kEmuTid = 0, kEmuNtid = 8, kEmuCtaid = 16, kEmuNctaid = 24, kEmuBarrier = 32,
-                     kEmuMma = 40;
+                     kEmuMma = 40, kEmuAccess = 56;
 
 // The kernel lowered as for the GPU and compiled for the host. Its launch (CpuKernel's
 // interface, host pointers) runs `blocks` blocks (default: 2, fewer for smaller grids) so

@@ -54,6 +54,71 @@ TEST(GpuEmulator, SerialStoresThreadsLoopsAndGridStrideMatchTheCpu) {
     }
 }
 
+// A threads loop in which iteration j stores element j of `space` and reads element j + 1 with
+// no barrier between (racy), or, with `barrier`, in two threads loops (a barrier after the
+// first); `past` iterations beyond the array's 256 elements.
+kir::Kernel neighbours(kir::Space space, bool barrier, std::int64_t past = 0) {
+    kir::Builder b("neighbours");
+    const int out = b.buffer("out", kir::Elem::f32);
+    const int a = space == kir::Space::shared ? b.shared("a", 256) : b.scratch("a", Expr(256));
+    const Expr n = Expr(255 + past);
+    b.loop(
+        0, n, [&](Expr j) { b.store(a, j, to_f32(j)); }, kir::Loop::threads);
+    auto read = [&](Expr j) { b.store(out, b.pid() * 256 + j, b.load(a, min(j + 1, n - 1))); };
+    if (barrier) {
+        b.loop(0, n, read, kir::Loop::threads);
+    } else {
+        b.loop(
+            0, n,
+            [&](Expr j) {
+                b.store(a, j, to_f32(j));
+                read(j);
+            },
+            kir::Loop::threads);
+    }
+    return b.finish();
+}
+
+std::string run_neighbours(const kir::Kernel& k) {
+    std::vector<float> out(2 * 256 + 64, 0.0f);
+    void* bufs[] = {out.data()};
+    return error_of([&] { jit::compile_kernel_emulated(k)->launch(2, bufs, {}); });
+}
+
+// The race detector: a planted race in shared memory and in scratch is reported with the
+// kernel, the array, the word and both threads; the same accesses with a barrier between pass.
+TEST(GpuEmulator, DetectsSharedAndScratchRacesBetweenBarriers) {
+    for (kir::Space space : {kir::Space::shared, kir::Space::scratch}) {
+        const std::string kind = space == kir::Space::shared ? "shared" : "scratch";
+        SCOPED_TRACE(kind);
+        EXPECT_EQ(run_neighbours(neighbours(space, true)), "");
+        const std::string e = run_neighbours(neighbours(space, false));
+        EXPECT_NE(e.find("kernel neighbours (emulated GPU): " + kind + "-memory race on `a`["),
+                  std::string::npos)
+            << e;
+        // Iteration j (thread j) reads word j + 1, which thread j + 1 writes: some pair of
+        // neighbouring threads is named.
+        EXPECT_NE(e.find("it with no bar.sync between"), std::string::npos) << e;
+        EXPECT_NE(e.find(" in block 0: thread "), std::string::npos) << e;
+    }
+}
+
+// Out-of-bounds accesses of a shared array or a scratch array fail the launch (and are
+// redirected, so the emulation itself writes nothing out of bounds).
+TEST(GpuEmulator, DetectsOutOfBoundsSharedAndScratchAccesses) {
+    for (kir::Space space : {kir::Space::shared, kir::Space::scratch}) {
+        const std::string kind = space == kir::Space::shared ? "shared" : "scratch";
+        SCOPED_TRACE(kind);
+        const std::string e = run_neighbours(neighbours(space, true, 2));
+        EXPECT_NE(e.find("kernel neighbours (emulated GPU): out-of-bounds " + kind +
+                         " write by "
+                         "thread "),
+                  std::string::npos)
+            << e;
+        EXPECT_NE(e.find("byte 1024 of `a` (1024 bytes)"), std::string::npos) << e;
+    }
+}
+
 // The GEMM program on the emulated device (tensor-core fragments for the half types, FMAs
 // for f32) against its CPU lowering: the same sums, so equal up to the accumulation order.
 TEST(GpuEmulator, GemmTensorCoreFragmentsMatchTheCpu) {

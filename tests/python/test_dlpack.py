@@ -1,4 +1,5 @@
 """DLPack: rag tensors to NumPy and NumPy arrays to rag, through the capsule protocol."""
+import ctypes
 import gc
 
 import numpy as np
@@ -109,3 +110,148 @@ def test_bf16_exports_as_bfloat16():
     again = rag.from_dlpack(bits)
     assert again.dtype == "bf16"
     np.testing.assert_array_equal(again.numpy(), [1.0, 2.0, 3.0])
+
+
+# ---- DLPack 1.x: versioned capsules ---------------------------------------------------------
+
+
+def capsule_name(cap):
+    get = ctypes.pythonapi.PyCapsule_GetName
+    get.restype, get.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return get(cap).decode()
+
+
+class Spy:
+    """A producer that forwards to `inner` and records what the consumer asked for and got."""
+
+    def __init__(self, inner):
+        self.inner, self.asked, self.got = inner, None, None
+
+    def __dlpack__(self, **kw):
+        self.asked = kw.get("max_version")
+        cap = self.inner.__dlpack__(**kw)
+        self.got = capsule_name(cap)
+        return cap
+
+    def __dlpack_device__(self):
+        return self.inner.__dlpack_device__()
+
+
+class LegacyProducer:
+    """A pre-1.0 producer: __dlpack__ takes no max_version."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __dlpack__(self, stream=None):
+        return self.inner.__dlpack__()
+
+
+def test_export_kind_follows_max_version():
+    t = rag.ragged([np.ones((2, 3), np.float32), np.ones((1, 3), np.float32)])
+    assert capsule_name(t.__dlpack__()) == "dltensor"
+    assert capsule_name(t.__dlpack__(max_version=(0, 8))) == "dltensor"
+    assert capsule_name(t.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
+    assert capsule_name(t.__dlpack__(max_version=(1, 3))) == "dltensor_versioned"
+    assert t.__dlpack_device__() == (1, 0)
+
+
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_both_capsule_kinds_import_without_a_copy(max_version):
+    t = rag.ragged([np.arange(6.0).reshape(2, 3), np.arange(3.0).reshape(1, 3)])
+    cap = t.__dlpack__(max_version=max_version)
+    back = rag.from_dlpack(cap)
+    assert back.values.ctypes.data == t.values.ctypes.data
+    np.testing.assert_array_equal(back.numpy(), t.values)
+    assert capsule_name(cap).startswith("used_")
+    with pytest.raises(rag.Error, match="consumed"):
+        rag.from_dlpack(cap)
+    packed = rag.from_packed(t.__dlpack__(max_version=max_version), [2, 1], "~N, 3")
+    assert packed.values.ctypes.data == t.values.ctypes.data
+    assert packed.to_list()[1].tolist() == [[0.0, 1.0, 2.0]]
+    del t, back, packed
+    gc.collect()
+    unused = rag.tensor(np.ones(3)).__dlpack__(max_version=max_version)
+    del unused  # an unconsumed capsule of either kind frees its tensor itself
+    gc.collect()
+
+
+def test_numpy_round_trip_through_versioned_capsules():
+    t = rag.ragged([np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((3, 4), np.float32)])
+    spy = Spy(t)
+    a = np.from_dlpack(spy)
+    versioned = tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 1)
+    # NumPy >= 2.1 asks for DLPack 1.x; older NumPy gets (and reads) the legacy capsule.
+    assert spy.got == ("dltensor_versioned" if versioned else "dltensor")
+    assert a.ctypes.data == t.values.ctypes.data
+    src = aligned((5, 4), np.float32)
+    src[:] = np.arange(20).reshape(5, 4)
+    spy = Spy(src)
+    r = rag.from_dlpack(spy, batched=True)
+    assert spy.asked == (1, 0) and spy.got == ("dltensor_versioned" if versioned else "dltensor")
+    assert r.values.ctypes.data == src.ctypes.data  # adopted
+    np.testing.assert_array_equal(r.values, src)
+
+
+def test_read_only_tensors_are_copied():
+    a = aligned((4, 4), np.float32)
+    a[:] = np.arange(16).reshape(4, 4)
+    a.flags.writeable = False
+    spy = Spy(a)
+    t = rag.from_dlpack(spy)  # NumPy exports a read-only array only as a versioned capsule
+    assert spy.got == "dltensor_versioned"
+    assert t.values.ctypes.data != a.ctypes.data  # the read-only flag forbids adopting it
+    np.testing.assert_array_equal(t.numpy(), a)
+    t.values[0, 0] = -1  # rag's copy is writable; the producer's memory is untouched
+    assert a[0, 0] == 0
+    p = rag.from_packed(Spy(a), [1, 3], "~N, 4")
+    assert p.values.ctypes.data != a.ctypes.data
+    w = aligned((4, 4), np.float32)  # the same array writable: adopted
+    assert rag.from_dlpack(Spy(w)).values.ctypes.data == w.ctypes.data
+
+
+def test_legacy_producers_get_the_legacy_call():
+    a = aligned((3, 2), np.float64)
+    a[:] = 7
+    t = rag.from_dlpack(LegacyProducer(a))
+    assert t.values.ctypes.data == a.ctypes.data
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class Versioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+def handmade_capsule(array, major, flags):
+    """A "dltensor_versioned" capsule built field by field (no deleter: `array` stays alive)."""
+    shape = (ctypes.c_int64 * array.ndim)(*array.shape)
+    dl = DLTensor(array.ctypes.data, 1, 0, array.ndim, 2, 32, 1, shape, None, 0)
+    m = Versioned(major, 0, None, None, flags, dl)
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.addressof(m), b"dltensor_versioned", None), (m, shape)
+
+
+def test_versioned_fields_are_read_by_their_abi():
+    a = aligned((2, 3), np.float32)
+    a[:] = np.arange(6).reshape(2, 3)
+    cap, keep = handmade_capsule(a, 1, 0)
+    assert rag.from_dlpack(cap).values.ctypes.data == a.ctypes.data
+    cap, keep = handmade_capsule(a, 1, 1)  # DLPACK_FLAG_BITMASK_READ_ONLY
+    t = rag.from_dlpack(cap)
+    assert t.values.ctypes.data != a.ctypes.data
+    np.testing.assert_array_equal(t.numpy(), a)
+    cap, keep = handmade_capsule(a, 2, 0)
+    with pytest.raises(rag.Error, match=r"DLPack 2\.0 tensor; rag reads DLPack 1\.x"):
+        rag.from_dlpack(cap)
+    assert capsule_name(cap) == "dltensor_versioned"  # refused before taking it over

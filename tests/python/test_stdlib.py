@@ -138,6 +138,8 @@ LAYERS = {
               lambda i, p: p["table"][i["ids"]]),
     "embed_positions": ("embed_positions(ids, p)", "Embedding[7, 4]", [("ids", "i64[B, ~N]")],
                         "f32[B, ~N, 4]", lambda i, p: p["table"][np.arange(len(i["ids"]))]),
+    "add_positions": ("add_positions(x, p)", "Embedding[7, 4]", [X], "f32[B, ~N, 4]",
+                      lambda i, p: i["x"] + p["table"][np.arange(len(i["x"]))]),
     "layer_norm": ("layer_norm(x, p)", "LayerNorm[4]", [X], "f32[B, ~N, 4]",
                    lambda i, p: layernorm(i["x"], p["g"], p["b"])),
     "rms_norm": ("rms_norm(x, p)", "RMSNorm[4]", [X], "f32[B, ~N, 4]",
@@ -176,99 +178,113 @@ for _kind, _R in (("shaw", 5), ("xl", 9), ("t5", 8), ("deberta", 8)):
         lambda i, p, k=_kind, R=_R: relpos(i["x"], p, k, R))
 
 
-def source(name):
-    call, ptype, inputs, out, _ = LAYERS[name]
-    sig = ", ".join(f"{n}: {t}" for n, t in inputs)
-    names = ", ".join(n for n, _ in inputs)
-    return f"""
+# Per-sample extents of the ragged axes the layers' inputs use, by name.
+EXTENTS = {"N": LENS, "M": MEM_LENS, "H": (5, 4, 7), "W": (3, 6, 4)}
+
+
+def axes(t):
+    """The per-sample axes of a type: `f32[B, ~N, ~N, 4]` gives ['~N', '~N', '4']."""
+    return [a.strip() for a in t[t.index("[") + 1:t.rindex("]")].split(", ")][1:]
+
+
+def ragged_axes(t):
+    return [i for i, a in enumerate(axes(t)) if a.startswith("~")]
+
+
+def sample_shape(t, b):
+    return tuple(EXTENTS[a[1:]][b] if a.startswith("~") else int(a) for a in axes(t))
+
+
+def batch(values, t):
+    """Per-sample float64 (or integer) arrays as the rag argument of type t."""
+    values = [v.astype(v.dtype if v.dtype.kind == "i" else np.float32) for v in values]
+    if ragged_axes(t):
+        return rag.ragged(values, ragged_axes=ragged_axes(t))
+    return rag.tensor(np.stack(values), batched=True)
+
+
+def layer_tests(layers):
+    """The forward and gradient tests of a table of layers, name: (rag call, params type, rag
+    inputs, result type, reference(inputs, params) per sample; its inputs also hold the sample's
+    index as "_b"). Returns the fixture and the two tests, for a test module to bind."""
+
+    def source(name):
+        call, ptype, inputs, out, _ = layers[name]
+        sig = ", ".join(f"{n}: {t}" for n, t in inputs)
+        names = ", ".join(n for n, _ in inputs)
+        return f"""
 fn run({sig}, p: {ptype}) -> {out} {{ return {call} }}
 fn loss({sig}, p: {ptype}, r: {out}) -> f32[] {{ return sum(run({names}, p) * r) }}
 fn dp({sig}, p: {ptype}, r: {out}) -> {ptype} {{ return grad(loss, wrt=p)({names}, p, r) }}
 """ + "".join(
-        f"fn d_{n}({sig}, p: {ptype}, r: {out}) -> {t} {{ return grad(loss, wrt={n})({names}, p, r) }}\n"
-        for n, t in inputs if t.startswith("f32") and "~" in t)
+            f"fn d_{n}({sig}, p: {ptype}, r: {out}) -> {t} {{ return grad(loss, wrt={n})({names}, p, r) }}\n"
+            for n, t in inputs if t.startswith("f32") and "~" in t)
+
+    def make_inputs(name, rng):
+        out = {}
+        for n, t in layers[name][2]:
+            shapes = [sample_shape(t, b) for b in range(len(LENS))]
+            if t.startswith("i"):
+                dt = np.int32 if t.startswith("i32") else np.int64
+                out[n] = [rng.integers(0, 7, size=sh).astype(dt) for sh in shapes]
+            else:
+                out[n] = [rng.standard_normal(sh) for sh in shapes]
+        return out
+
+    def reference(name, ins, p):
+        return [layers[name][4](dict({n: v[b] for n, v in ins.items()}, _b=b), p)
+                for b in range(len(LENS))]
+
+    @pytest.fixture(scope="module", params=sorted(layers))
+    def case(request):
+        name = request.param
+        m = rag.compile(source(name), f"stdlib_{name}.rag")
+        rng = np.random.default_rng(sorted(layers).index(name))
+        # Parameters of O(1) (not the layers' small initial values), so every term matters.
+        p = {k: (rng.standard_normal(v.shape) * 0.5 + (1.0 if k.endswith("g") else 0.0))
+             for k, v in m.init(layers[name][1]).items()}
+        ins = make_inputs(name, rng)
+        return name, m, p, ins, rng
+
+    def args(name, ins):
+        return [batch(ins[n], t) for n, t in layers[name][2]]
+
+    def test_forward_matches_float64_reference(case):
+        name, m, p, ins, _ = case
+        out = m.run(*args(name, ins), {k: v.astype(np.float32) for k, v in p.items()})
+        got = out.to_list() if "~" in out.schema else list(out.numpy())
+        for g, want in zip(got, reference(name, ins, p)):
+            np.testing.assert_allclose(g, want, rtol=2e-4, atol=2e-5)
+
+    def test_gradients_match_float64_finite_differences(case):
+        name, m, p, ins, rng = case
+        want_out = reference(name, ins, p)
+        r = [rng.standard_normal(np.shape(o)) for o in want_out]
+        r_rag = batch(r, layers[name][3])
+        p32 = {k: v.astype(np.float32) for k, v in p.items()}
+        a = args(name, ins)
+
+        def loss():
+            return sum(float(np.sum(o * ri)) for o, ri in zip(reference(name, ins, p), r))
+
+        g = m.dp(*a, p32, r_rag)
+        assert sorted(g.keys()) == sorted(p)
+        for k in p:
+            np.testing.assert_allclose(g[k], central(loss, p[k]), rtol=2e-3, atol=2e-4,
+                                       err_msg=f"{name}: d/d{k}")
+        for n, t in layers[name][2]:
+            if not (t.startswith("f32") and "~" in t):
+                continue
+            gx = getattr(m, "d_" + n)(*a, p32, r_rag).to_list()
+            for b, arr in enumerate(ins[n]):
+                np.testing.assert_allclose(gx[b], central(loss, arr), rtol=2e-3, atol=2e-4,
+                                           err_msg=f"{name}: d/d{n}[{b}]")
+
+    return case, test_forward_matches_float64_reference, test_gradients_match_float64_finite_differences
 
 
-def make_inputs(name, rng):
-    _, _, inputs, _, _ = LAYERS[name]
-    out = {}
-    for n, t in inputs:
-        lens = MEM_LENS if "~M" in t else LENS
-        if t.startswith("i"):
-            out[n] = [rng.integers(0, 7, size=k).astype(np.int32 if t.startswith("i32") else np.int64)
-                      for k in lens]
-        elif "~" in t:
-            tail = (4,) if t.count(",") == 2 else ()
-            out[n] = [rng.standard_normal((k,) + tail) for k in lens]
-        else:
-            out[n] = [rng.standard_normal(4) for _ in lens]
-    return out
-
-
-def to_rag(name, ins):
-    _, _, inputs, _, _ = LAYERS[name]
-    args = []
-    for n, t in inputs:
-        if "~" in t:
-            args.append(rag.ragged([a.astype(a.dtype if a.dtype.kind == "i" else np.float32)
-                                    for a in ins[n]]))
-        else:
-            args.append(rag.tensor(np.stack(ins[n]).astype(np.float32), batched=True))
-    return args
-
-
-def per_sample(ins, b):
-    return {n: v[b] for n, v in ins.items()}
-
-
-@pytest.fixture(scope="module", params=sorted(LAYERS))
-def case(request):
-    name = request.param
-    m = rag.compile(source(name), f"stdlib_{name}.rag")
-    rng = np.random.default_rng(sorted(LAYERS).index(name))
-    # Parameters of O(1) (not the layers' small initial values), so every term matters.
-    p = {k: (rng.standard_normal(v.shape) * 0.5 + (1.0 if k.endswith("g") else 0.0))
-         for k, v in m.init(LAYERS[name][1]).items()}
-    ins = make_inputs(name, rng)
-    return name, m, p, ins, rng
-
-
-def reference(name, ins, p):
-    return [LAYERS[name][4](per_sample(ins, b), p) for b in range(len(LENS))]
-
-
-def test_forward_matches_float64_reference(case):
-    name, m, p, ins, _ = case
-    out = m.run(*to_rag(name, ins), {k: v.astype(np.float32) for k, v in p.items()})
-    got = out.to_list() if "~" in out.schema else list(out.numpy())
-    for g, want in zip(got, reference(name, ins, p)):
-        np.testing.assert_allclose(g, want, rtol=2e-4, atol=2e-5)
-
-
-def test_gradients_match_float64_finite_differences(case):
-    name, m, p, ins, rng = case
-    want_out = reference(name, ins, p)
-    r = [rng.standard_normal(np.shape(o)) for o in want_out]
-    r_rag = (rag.ragged([x.astype(np.float32) for x in r]) if LAYERS[name][3].count("~")
-             else rag.tensor(np.stack(r).astype(np.float32), batched=True))
-    p32 = {k: v.astype(np.float32) for k, v in p.items()}
-    args = to_rag(name, ins)
-
-    def loss():
-        return sum(float(np.sum(o * ri)) for o, ri in zip(reference(name, ins, p), r))
-
-    g = m.dp(*args, p32, r_rag)
-    assert sorted(g.keys()) == sorted(p)
-    for k in p:
-        np.testing.assert_allclose(g[k], central(loss, p[k]), rtol=2e-3, atol=2e-4,
-                                   err_msg=f"{name}: d/d{k}")
-    for n, t in LAYERS[name][2]:
-        if not (t.startswith("f32") and "~" in t):
-            continue
-        gx = getattr(m, "d_" + n)(*args, p32, r_rag).to_list()
-        for b, arr in enumerate(ins[n]):
-            np.testing.assert_allclose(gx[b], central(loss, arr), rtol=2e-3, atol=2e-4,
-                                       err_msg=f"{name}: d/d{n}[{b}]")
+case, test_forward_matches_float64_reference, test_gradients_match_float64_finite_differences = \
+    layer_tests(LAYERS)
 
 
 # ---- losses: generic over the dtype, so checked in f64 -------------------------------------

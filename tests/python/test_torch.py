@@ -163,3 +163,34 @@ def test_ddp_on_two_gloo_ranks_equals_the_full_batch_step(root, tmp_path):
     assert sum(not torch.equal(want[k], start[k]) for k in want) > len(want) // 2  # it moved
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_dlpack_versioned_capsules_with_torch():
+    """torch asks for DLPack 1.x both ways: rag -> torch and torch -> rag share memory."""
+    import ctypes
+
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    got = []
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __dlpack__(self, **kw):
+            cap = self.inner.__dlpack__(**kw)
+            got.append(name(cap).decode())
+            return cap
+
+        def __dlpack_device__(self):
+            return self.inner.__dlpack_device__()
+
+    values, _ = batch(5)
+    r = rag.from_dlpack(Spy(values))
+    assert got[-1] == "dltensor_versioned" and r.values.ctypes.data == values.data_ptr()
+    t = rag.from_packed(values, LENGTHS, "~N, 4")
+    back = torch.from_dlpack(Spy(t))
+    assert got[-1] == "dltensor_versioned" and back.data_ptr() == t.values.ctypes.data
+    legacy = torch.from_dlpack(t.__dlpack__())  # a legacy capsule still imports
+    assert legacy.data_ptr() == t.values.ctypes.data
+    torch.testing.assert_close(back, values)
