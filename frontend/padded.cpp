@@ -244,8 +244,14 @@ int Padder::causal(int s, int n, const std::string& queries, const std::string& 
         for (int a = 1; a < st.shape.logical_rank(); ++a) spec += a == at ? ", :" : ", new";
         return emit("index", {pos}, {{"spec", spec}});
     };
-    const int visible = emit("le", {placed(keys, n + 1), placed(queries, n)});
-    return emit("where", {visible, s, constant(very_negative(st.dtype), st.dtype)});
+    // One mask per shape and axis pair serves every layer of the function.
+    const std::string key = queries + "|" + keys + "|" + std::to_string(n) + "|" +
+                            std::to_string(st.shape.logical_rank());
+    auto it = causal_masks_.find(key);
+    if (it == causal_masks_.end())
+        it =
+            causal_masks_.emplace(key, emit("le", {placed(keys, n + 1), placed(queries, n)})).first;
+    return emit("where", {it->second, s, constant(very_negative(st.dtype), st.dtype)});
 }
 
 int Padder::attention(int q, int k, int v, const Attrs& attrs) {

@@ -80,6 +80,7 @@ class Padder {
     std::set<int> finite_;      // finite padding by construction (a masked sum over a count)
     std::map<int, bool> known_; // padding_finite's answers
     std::map<std::string, int> derived_masks_;
+    std::map<std::string, int> causal_masks_; // by axis names, query axis and rank
 };
 
 } // namespace rag::frontend
