@@ -6,6 +6,7 @@
 #include "frontend/stdlib.hpp"
 #include "jit/blas.hpp"
 #include "jit/compile_clock.hpp"
+#include "jit/host_kernels.hpp"
 #include "jit/object_cache.hpp"
 #include "jit/plan.hpp"
 #include "jit/ptx.hpp"
@@ -349,6 +350,10 @@ int cmd_run(const std::string& path, const Options& o) {
     if (o.stats) { // process-wide, every thread: where the compile time went
         std::printf("stats compile breakdown (s): %s\n",
                     jit::format_breakdown(jit::compile_breakdown()).c_str());
+        const auto host = jit::host_kernels_compiled();
+        std::string list;
+        for (const std::string& k : host) list += " " + k;
+        std::printf("stats host kernels compiled: %zu%s\n", host.size(), list.c_str());
         const jit::DiskCacheStats d = jit::disk_cache_stats();
         std::printf("stats disk cache: hits=%lld misses=%lld rejected=%lld writes=%lld dir=%s\n",
                     (long long)d.hits, (long long)d.misses, (long long)d.rejected,

@@ -1,6 +1,6 @@
 #include "jit/rowwise.hpp"
 
-#include "jit/compile_clock.hpp"
+#include "jit/host_kernels.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
 #include "jit/placement.hpp"
@@ -9,8 +9,6 @@
 #include "runtime/parallel.hpp"
 
 #include <llvm/IR/Intrinsics.h>
-
-#include <mutex>
 
 namespace rag::jit {
 namespace {
@@ -145,20 +143,16 @@ void emit(llvm::Module& m, const std::string& name, bool f32, Which which) {
     L.finish();
 }
 
-// The eight kernels (f32/f64 x four), compiled once per process.
+// The eight kernels (f64/f32 x four), each compiled the first time it is used.
 RowKernel kernel(bool f32, Which which) {
-    static std::once_flag once;
-    static RowKernel table[8];
-    std::call_once(once, [] {
-        CompilePhase phase("host_kernels");
-        auto ctx = std::make_unique<llvm::LLVMContext>();
-        auto m = new_module("rag_rowwise", *ctx);
-        for (int k = 0; k < 8; ++k)
-            emit(*m, "rag_rowwise_" + std::to_string(k), k & 1, Which(k >> 1));
-        auto addrs = add_module(std::move(m), std::move(ctx), 8, "rag_rowwise_");
-        for (int k = 0; k < 8; ++k) table[k] = reinterpret_cast<RowKernel>(addrs[std::size_t(k)]);
-    });
-    return table[(f32 ? 1 : 0) | (int(which) << 1)];
+    static HostKernels table("rowwise",
+                             {"layernorm.f64", "layernorm.f32", "layernorm_grad.f64",
+                              "layernorm_grad.f32", "rmsnorm.f64", "rmsnorm.f32",
+                              "rmsnorm_grad.f64", "rmsnorm_grad.f32"},
+                             [](llvm::Module& m, const std::string& name, std::size_t k) {
+                                 emit(m, name, k & 1, Which(k >> 1));
+                             });
+    return reinterpret_cast<RowKernel>(table.get(std::size_t((f32 ? 1 : 0) | (int(which) << 1))));
 }
 
 // Rows per block of the parameter-gradient sums: fixed, so the order of additions (within a

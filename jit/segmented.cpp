@@ -1,7 +1,7 @@
 #include "jit/segmented.hpp"
 
-#include "jit/compile_clock.hpp"
 #include "jit/elementwise_llvm.hpp"
+#include "jit/host_kernels.hpp"
 #include "jit/llvm_jit.hpp"
 #include "jit/llvm_loops.hpp"
 #include "jit/placement.hpp"
@@ -101,20 +101,17 @@ void emit_kernel(llvm::Module& m, const std::string& name, bool f32, bool expand
     b.CreateRetVoid();
 }
 
-// The eight kernels (f32/f64 x reduce/expand x sum/mean), compiled once per process.
+// The eight kernels (f64/f32 x reduce/expand x sum/mean), each compiled the first time it is
+// used.
 SegKernel kernel(bool f32, bool expand, bool mean) {
-    static std::once_flag once;
-    static SegKernel table[8];
-    std::call_once(once, [] {
-        CompilePhase phase("host_kernels");
-        auto ctx = std::make_unique<llvm::LLVMContext>();
-        auto m = new_module("rag_segmented", *ctx);
-        for (int k = 0; k < 8; ++k)
-            emit_kernel(*m, "rag_segmented_" + std::to_string(k), k & 1, k & 2, k & 4);
-        auto addrs = add_module(std::move(m), std::move(ctx), 8, "rag_segmented_");
-        for (int k = 0; k < 8; ++k) table[k] = reinterpret_cast<SegKernel>(addrs[std::size_t(k)]);
-    });
-    return table[(f32 ? 1 : 0) | (expand ? 2 : 0) | (mean ? 4 : 0)];
+    static HostKernels table("segmented",
+                             {"sum.f64", "sum.f32", "expand_sum.f64", "expand_sum.f32", "mean.f64",
+                              "mean.f32", "expand_mean.f64", "expand_mean.f32"},
+                             [](llvm::Module& m, const std::string& name, std::size_t k) {
+                                 emit_kernel(m, name, k & 1, k & 2, k & 4);
+                             });
+    return reinterpret_cast<SegKernel>(
+        table.get(std::size_t((f32 ? 1 : 0) | (expand ? 2 : 0) | (mean ? 4 : 0))));
 }
 
 struct AxisPlan {
@@ -525,24 +522,18 @@ void emit_line_kernel(llvm::Module& m, const std::string& name, bool f32, LineOp
     L.finish();
 }
 
-// The 14 line kernels (7 ops x f32/f64), compiled once per process on first use; `ir` gets the
-// optimised module's text.
+// The 14 line kernels (7 ops x f64/f32), each compiled the first time it is used; `ir` gets
+// its optimised module's text.
 LineKernel line_kernel(bool f32, LineOp op, const std::string** ir = nullptr) {
-    static std::once_flag once;
-    static LineKernel table[2 * line_ops];
-    static std::string text;
-    std::call_once(once, [] {
-        CompilePhase phase("host_kernels");
-        auto ctx = std::make_unique<llvm::LLVMContext>();
-        auto m = new_module("rag_lines", *ctx);
-        for (int k = 0; k < 2 * line_ops; ++k)
-            emit_line_kernel(*m, "rag_lines_" + std::to_string(k), k & 1, LineOp(k / 2));
-        auto addrs = add_module(std::move(m), std::move(ctx), 2 * line_ops, "rag_lines_", &text);
-        for (int k = 0; k < 2 * line_ops; ++k)
-            table[k] = reinterpret_cast<LineKernel>(addrs[std::size_t(k)]);
-    });
-    if (ir) *ir = &text;
-    return table[2 * int(op) + (f32 ? 1 : 0)];
+    static HostKernels table("lines",
+                             {"max.f64", "max.f32", "min.f64", "min.f32", "softmax.f64",
+                              "softmax.f32", "logsumexp.f64", "logsumexp.f32", "softmax_grad.f64",
+                              "softmax_grad.f32", "logsumexp_grad.f64", "logsumexp_grad.f32",
+                              "extreme_grad.f64", "extreme_grad.f32"},
+                             [](llvm::Module& m, const std::string& name, std::size_t k) {
+                                 emit_line_kernel(m, name, k & 1, LineOp(k / 2));
+                             });
+    return reinterpret_cast<LineKernel>(table.get(std::size_t(2 * int(op) + (f32 ? 1 : 0)), ir));
 }
 
 // The axis plan of a line op: a batched value's (axis_plan), or an unbatched array's axis, which
@@ -744,10 +735,9 @@ std::string line_kernel_ir(std::string_view op, DType t) {
     while (k < line_ops && names[k] != op) ++k;
     if (k == line_ops || (t != DType::f32 && t != DType::f64)) fail("line_kernel_ir: ", op);
     line_kernel(t == DType::f32, LineOp(k), &ir);
-    // The function's definition: from its `define` line to the closing brace (add_module
-    // names a module's entries rag_entry_0, 1, ...).
-    const std::string name =
-        "@rag_entry_" + std::to_string(2 * k + (t == DType::f32 ? 1 : 0)) + "(";
+    // The function's definition: from its `define` line to the closing brace (the kernel is
+    // its module's one entry, which add_module names rag_entry_0).
+    const std::string name = "@rag_entry_0(";
     const std::size_t at = ir->find(name);
     const std::size_t begin = ir->rfind("define", at);
     if (at == std::string::npos || begin == std::string::npos) return {};

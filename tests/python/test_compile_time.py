@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 CHILD = r"""
 import json, sys, time
 import numpy as np
@@ -48,3 +50,23 @@ def test_a_second_process_loads_compiled_objects_from_disk(root, tmp_path):
     assert second["disk_cache_hits"] > 0
     assert second["bits"] == first["bits"]
     assert second["compile_seconds"] < first["compile_seconds"]
+
+
+def test_a_first_call_compiles_only_the_host_kernels_its_plan_uses(root):
+    # The row-wise, segmented and line kernels compile one by one on first use: an f32
+    # layernorm encoder needs no f64 kernel, no rmsnorm and no max/min line kernel (whole
+    # families compiled at once cost a cold first call about 1.2 s of CPU more).
+    from test_cli import RAG
+    if RAG is None:
+        pytest.skip("no rag binary")
+    env = dict(os.environ, RAG_CACHE_DIR="off")
+    r = subprocess.run([str(RAG), "run", str(root / "examples" / "encoder.rag"), "--fn",
+                        "train_step", "--stats"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("stats host kernels compiled:"))
+    count, *names = line.split(":", 1)[1].split()
+    assert int(count) == len(names) == len(set(names)), line
+    assert "rowwise/layernorm.f32" in names and "rowwise/layernorm_grad.f32" in names, line
+    assert not [n for n in names if n.endswith(".f64") or "rmsnorm" in n
+                or n.startswith(("lines/max", "lines/min"))], line
