@@ -9,6 +9,7 @@ PTXDIR is what build/bench/gpu/rag_gpu_kernels wrote (manifest.tsv and one PTX f
 and arch). ptxas is $RAG_PTXAS, else $CUDA_HOME/bin/ptxas, else /usr/local/cuda/bin/ptxas.
 No GPU is used and no GPU number is measured here.
 """
+import concurrent.futures
 import json
 import os
 import re
@@ -101,6 +102,22 @@ def key_loop(instrs):
     return inner, depth
 
 
+def mma_loops(body, key, instrs):
+    """The instructions of the loops nested in the key loop that hold an HMMA (an mma
+    statement's loop over its warp's C tiles)."""
+    inner = [l for l in loops(instrs) if key[0] <= l[0] and l[1] <= key[1] and l != key
+             and any(l[0] <= a <= l[1] and op.startswith("HMMA") for a, op, _ in body)]
+    return [i for i in body if any(l[0] <= i[0] <= l[1] for l in inner)]
+
+
+# Tile products per (strip, key tile) iteration on tensor cores, each 64 x 64 x 64: the
+# forward's S = Q K^T and P V; the query pass's S, dP and dQ; the key pass's S, dP, dV and dK.
+PRODUCTS = {"forward": 2, "query_grad": 3, "key_grad": 4}
+# Memory instructions: one warp instruction per clock per SM through the load/store unit
+# (128 bytes a clock of L1/shared bandwidth: a warp's 32-bit access, conflict-free).
+MEMORY = ["LDSM", "LDGSTS", "LDG", "STG", "LD", "ST", "LDS", "STS", "LDL", "STL"]
+
+
 def occupancy(r, arch):
     per_warp = -(-r["registers"] * 32 // 256) * 256
     warps = BLOCK // 32
@@ -111,9 +128,9 @@ def occupancy(r, arch):
     return blocks, blocks * warps / (SM["threads"] // 32)
 
 
-def relpos_model(row, loop_counts, blocks_per_sm):
+def relpos_model(row, key_loop, blocks_per_sm):
     """A bound on one relpos pass at N = 8K (B = 2, H = 12, d = 64) on the H200, from the
-    key-loop's static SASS counts (see the report's assumptions)."""
+    key-loop's SASS counts (see the report's assumptions)."""
     tiles = N // J
     grid = B * tiles * H if row["pass"] == "forward" else B * H
     iterations = B * H * tiles * tiles  # (strip, key tile) pairs, every pass
@@ -121,33 +138,46 @@ def relpos_model(row, loop_counts, blocks_per_sm):
     resident = min(grid, SMS * blocks_per_sm)
     sms = min(SMS, resident)
     issue_rate = sms * min(4, warps * max(1, resident // sms)) * CLOCK  # warp-instr / s
-    t_issue = iterations * warps * loop_counts["total"] / issue_rate
-    t_tensor = iterations * warps * loop_counts["HMMA"] * 4096 / (TENSOR_PEAK * sms / SMS)
+    static = key_loop["sass"]
+    hmma = PRODUCTS[row["pass"]] * 64 ** 3 * 2 // 4096 // warps  # per warp and iteration
+    trips = hmma / static["HMMA"]  # of the loops holding the HMMAs
+    per_warp = static["total"] + (trips - 1) * key_loop["mma_loops_sass"]["total"]
+    t_issue = iterations * warps * per_warp / issue_rate
+    t_tensor = iterations * warps * hmma * 4096 / (TENSOR_PEAK * sms / SMS)
+    mem = lambda c: sum(c[k] for k in MEMORY)  # noqa: E731
+    lsu = mem(static) + (trips - 1) * mem(key_loop["mma_loops_sass"])
+    t_lsu = iterations * warps * lsu / (sms * CLOCK)
     flops = 4 * B * H * N * N * D + 2 * B * H * N * (2 * N - 1) * D * PROJECTIONS[row["map"]]
-    return {"grid": grid, "sms": sms, "t_issue": t_issue, "t_tensor": t_tensor,
-            "paper_flops": flops}
+    return {"grid": grid, "sms": sms, "t_issue": max(t_issue, t_lsu), "t_tensor": t_tensor,
+            "paper_flops": flops, "per_warp": per_warp, "trips": trips}
 
 
 def main(ptxdir, cuobjdump, commit, out_md, out_jsonl):
-    rows = []
     with open(os.path.join(ptxdir, "manifest.tsv")) as f:
         manifest = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-    with tempfile.TemporaryDirectory() as tmp:
-        for kid, family, mp, pas, dtype, arch, entry, file in manifest:
+
+    def one(line):
+        kid, family, mp, pas, dtype, arch, entry, file = line
+        with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
             r = {"id": kid, "family": family, "map": mp, "pass": pas, "dtype": dtype,
                  "arch": arch, "entry": entry, "commit": commit}
             r.update(ptxas(os.path.join(ptxdir, file), arch, cubin))
             instrs = sass(cuobjdump, cubin)
-            r["sass"] = count(instrs)
-            kl = key_loop(instrs)
-            if kl:
-                (lo, hi), depth = kl
-                r["key_loop"] = {"depth": depth, "bytes": hi - lo + 16,
-                                 "sass": count([i for i in instrs if lo <= i[0] <= hi])}
-            r["blocks_per_sm"], r["occupancy"] = occupancy(r, arch)
-            rows.append(r)
-            print(kid, arch, file=sys.stderr)
+        r["sass"] = count(instrs)
+        kl = key_loop(instrs)
+        if kl:
+            (lo, hi), depth = kl
+            body = [i for i in instrs if lo <= i[0] <= hi]
+            r["key_loop"] = {"depth": depth, "bytes": hi - lo + 16, "sass": count(body),
+                             "mma_loops_sass": count(mma_loops(body, (lo, hi), instrs))}
+        r["blocks_per_sm"], r["occupancy"] = occupancy(r, arch)
+        print(kid, arch, file=sys.stderr)
+        return r
+
+    # ptxas and cuobjdump run as subprocesses: a few at once.
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        rows = list(pool.map(one, manifest))
     with open(out_jsonl, "w") as f:
         for r in rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
@@ -221,7 +251,7 @@ def model_rows(rows):
             continue
         if r["pass"] not in ("forward", "query_grad", "key_grad") or "key_loop" not in r:
             continue
-        m = relpos_model(r, r["key_loop"]["sass"], r["blocks_per_sm"])
+        m = relpos_model(r, r["key_loop"], r["blocks_per_sm"])
         out[(r["map"], r["pass"])] = m
     return out
 
@@ -240,9 +270,14 @@ def model_section(rows):
       "ptxas's registers and shared memory; an SM issues at most one warp instruction per "
       "scheduler (4) per clock and a warp at most one per clock, with no stalls (memory "
       "latency, barriers, dependent HMMA) at all.")
-    w("- Instructions per iteration per warp: the key loop's static SASS count (inner loops "
-      "counted once: an undercount), all four warps executing it; time = max(issue time, "
-      "tensor time of its HMMAs at peak on the SMs in use). Memory traffic is not charged.")
+    w("- Instructions per iteration per warp: the key loop's SASS, with the loops that hold "
+      "its HMMAs (an mma's loop over the warp's 16 x 8 C tiles) run as often as the tile "
+      "products need (64 x 64 x 64 each: 2 in the forward, 3 in the query pass, 4 in the key "
+      "pass, 32 HMMA per warp each), every other inner loop (staging, softmax, projections) "
+      "counted once: an undercount. All four warps execute it; time = max(issue time, tensor "
+      "time of the HMMAs at peak on the SMs in use, load/store-unit time at one memory warp "
+      "instruction per clock per SM, i.e. 128 B/clock: every access an L1 hit without bank "
+      "conflicts). DRAM/L2 bandwidth, latency and the barriers' waits are not charged.")
     w("- TFLOP/s credited with the paper's accounting (REFERENCE.md): forward 4BHN^2 d + "
       "2BHN(2N-1)d per relation projection (Shaw 1, TXL 2, DeBERTa 2, T5 0), backward twice "
       "that; the backward's time is the query pass plus the key pass (the table reduction "
@@ -250,12 +285,12 @@ def model_section(rows):
     w("")
     model = model_rows(rows)
     w("| map | fwd bound TFLOP/s | paper fwd | % | bwd bound TFLOP/s | paper bwd | % | fwd "
-      "blocks / SMs | bwd blocks / SMs |")
-    w("|---|---|---|---|---|---|---|---|---|")
+      "blocks / SMs | bwd blocks / SMs | warp instr. per iteration fwd / dQ / dK |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
     for mp in ["Shaw", "TXL", "DeBERTa", "T5", "attention"]:
         f, q, k = (model.get((mp, p)) for p in ("forward", "query_grad", "key_grad"))
         if not (f and q and k):
-            w(f"| {mp} | no key loop identified | | | | | | | |")
+            w(f"| {mp} | no key loop identified | | | | | | | | |")
             continue
         tf = max(f["t_issue"], f["t_tensor"])
         tb = max(q["t_issue"], q["t_tensor"]) + max(k["t_issue"], k["t_tensor"])
@@ -263,7 +298,8 @@ def model_section(rows):
         pf, pb = PAPER.get(mp, (None, None))
         pct = (lambda a, p: f"{100 * a / p:.1f}%" if p else "-")
         w(f"| {mp} | {fw:.1f} | {pf or '-'} | {pct(fw, pf)} | {bw:.1f} | {pb or '-'} | "
-          f"{pct(bw, pb)} | {f['grid']} / {f['sms']} | {q['grid']} / {q['sms']} |")
+          f"{pct(bw, pb)} | {f['grid']} / {f['sms']} | {q['grid']} / {q['sms']} | "
+          f"{f['per_warp']:.0f} / {q['per_warp']:.0f} / {k['per_warp']:.0f} |")
     return "\n".join(o) + "\n"
 
 
