@@ -22,13 +22,14 @@ std::string ptxas_path() {
     return access(p.c_str(), X_OK) == 0 ? p : "";
 }
 
-PtxasResult run_ptxas(const std::string& ptx, const std::string& arch) {
+PtxasResult run_ptxas(const std::string& ptx, const std::string& arch, const std::string& flags) {
     char name[] = "/tmp/rag_ptx_XXXXXX";
     int fd = mkstemp(name);
     if (fd < 0) throw std::runtime_error("mkstemp failed");
     close(fd);
     std::ofstream(name) << ptx;
-    const std::string cmd = ptxas_path() + " -arch=" + arch + " -o /dev/null " + name + " 2>&1";
+    const std::string cmd =
+        ptxas_path() + " " + flags + " -arch=" + arch + " -o /dev/null " + name + " 2>&1";
     PtxasResult r;
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) throw std::runtime_error("popen failed");

@@ -13,7 +13,9 @@ struct PtxasResult {
     std::string output; // ptxas's messages
 };
 
-// Assembles `ptx` for `arch` (sm_80, sm_90) into nothing; status 0 means accepted.
-PtxasResult run_ptxas(const std::string& ptx, const std::string& arch);
+// Assembles `ptx` for `arch` (sm_80, sm_90) into nothing; status 0 means accepted. `flags`:
+// more options (-v: the resources each entry uses, in `output`).
+PtxasResult run_ptxas(const std::string& ptx, const std::string& arch,
+                      const std::string& flags = "");
 
 } // namespace rag::testing
