@@ -2,8 +2,9 @@
 examples/encoder.rag loss on a 16-sequence batch, lengths 4..63, 64 features) called through
 rag.torch (torch tensors in, torch.autograd backward into parameter .grad) against the same
 rag function called directly (rag tensors and NumPy params prepared once, call_saving then
-Saved.backward), same inputs, same thread count; warm-up, then the median of --calls.
-Prints one JSON line per measurement.
+Saved.backward), same inputs, same thread count; warm-up, then --calls calls of each,
+alternating one by one (the machine is shared and its load moves within seconds): the
+medians of each and the median of the per-pair ratios. Prints JSON lines.
 
     PYTHONPATH=build/bindings $(./dev bench-python) bench/bridge/bridge.py --calls 11
 """
@@ -24,20 +25,25 @@ import rag  # noqa: E402
 import rag.torch  # noqa: E402
 
 
-def median_ms(fn, calls, warmup):
+def paired_ms(fns, calls, warmup):
+    """Per call of each function in turn (the order alternating), so the load of the shared
+    machine hits both alike: times[name] lists, and per-pair ratios against the first."""
     for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times), times
+        for f in fns.values():
+            f()
+    names = list(fns)
+    times = {n: [] for n in names}
+    for k in range(calls):
+        for n in (names if k % 2 == 0 else names[::-1]):
+            t = time.perf_counter()
+            fns[n]()
+            times[n].append((time.perf_counter() - t) * 1e3)
+    return times
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=11)
+    ap.add_argument("--calls", type=int, default=41)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -71,14 +77,12 @@ def main():
 
     base = {"bench": "bridge", "tokens": sum(lengths), "batch": len(lengths),
             "threads": a.threads, "calls": a.calls, "warmup": a.warmup}
-    # Interleaved rounds, so load changes on the shared machine hit both alike.
-    results = {"direct": [], "rag.torch": []}
-    for _ in range(3):
-        for name, f in (("direct", direct), ("rag.torch", bridge)):
-            results[name].append(median_ms(f, a.calls, a.warmup)[0])
-    for name, meds in results.items():
-        print(json.dumps(dict(base, system=name, ms_median=statistics.median(meds),
-                              round_medians=[round(v, 3) for v in meds])))
+    times = paired_ms({"direct": direct, "rag.torch": bridge}, a.calls, a.warmup)
+    ratios = [b / d for d, b in zip(times["direct"], times["rag.torch"])]
+    for name, ts in times.items():
+        print(json.dumps(dict(base, system=name, ms_median=statistics.median(ts),
+                              ms_min=min(ts), ms=[round(v, 2) for v in ts])))
+    print(json.dumps(dict(base, system="ratio", median_pair_ratio=statistics.median(ratios))))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@
 # DDP step on 1 and 2 gloo ranks. Refuses a dirty tree (its own results aside); records the
 # commit and the load average at the start and the end. Writes bench/results/bridge.{jsonl,md}.
 #   bench/bridge/run.sh                  (after ./dev build; ./dev bench-deps once)
-#   CALLS=11 STEPS=11 THREADS=2 bench/bridge/run.sh
+#   CALLS=41 STEPS=11 THREADS=2 bench/bridge/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-CALLS=${CALLS:-11}
+CALLS=${CALLS:-41}
 STEPS=${STEPS:-11}
 THREADS=${THREADS:-2}
 BUILD=${RAG_BUILD:-build}
