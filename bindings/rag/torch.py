@@ -13,6 +13,8 @@ allocator aligns to 64 bytes): torch tensors are handed to rag through DLPack an
 results come back through DLPack. The backward is rag's own reverse pass (Function.call_saving
 keeps what it reads), so a step runs the function once forward and once backward.
 """
+import ast
+
 import numpy as np
 import torch
 
@@ -92,15 +94,7 @@ class _Call(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        out = ctx.out
-        elems = out if isinstance(out, tuple) else (out,)
-        grads = list(grads)
-        cts = []
-        for e in elems:
-            n = len(_leaves(e))
-            g, grads = grads[:n], grads[n:]
-            cts.append(_cotangent(e, g))
-        per_arg = ctx.saved.backward(tuple(cts) if isinstance(out, tuple) else cts[0])
+        per_arg = _saved_backward(ctx.saved, ctx.out, grads)
         return (None,) + tuple(ctx.call.torch_grads(per_arg))
 
 
@@ -149,22 +143,266 @@ class _Binding:
         return args
 
     def torch_grads(self, per_arg):
-        """rag's per-argument gradients as one entry per flat torch tensor."""
-        out = []
-        for kind, g in zip(self.kinds, per_arg):
-            if kind[0] == "ragged":
-                out.append(None if g is None else torch.from_dlpack(g))
-            elif kind[0] == "params":
-                out.extend(None if g is None else torch.from_numpy(np.asarray(g[k]))
-                           for k in kind[1])
-            elif kind[0] == "tensor":
-                out.append(None if g is None else torch.from_numpy(np.asarray(g)))
-        return out
+        return _torch_grads(self.kinds, per_arg)
+
+
+def _torch_grads(kinds, per_arg):
+    """rag's per-argument gradients as one entry per flat torch tensor (None where rag has
+    none)."""
+    out = []
+    for kind, g in zip(kinds, per_arg):
+        if kind[0] == "ragged":
+            out.append(None if g is None else torch.from_dlpack(g))
+        elif kind[0] == "params":
+            out.extend(None if g is None else torch.from_numpy(np.asarray(g[k])) for k in kind[1])
+        elif kind[0] == "tensor":
+            out.append(None if g is None else torch.from_numpy(np.asarray(g)))
+    return out
+
+
+def _saved_backward(saved, out, grads):
+    """saved.backward on torch cotangents `grads` (one per leaf of `out`, None for none)."""
+    elems = out if isinstance(out, tuple) else (out,)
+    grads, cts = list(grads), []
+    for e in elems:
+        n = len(_leaves(e))
+        g, grads = grads[:n], grads[n:]
+        cts.append(_cotangent(e, g))
+    return saved.backward(tuple(cts) if isinstance(out, tuple) else cts[0])
 
 
 def _dense(t):
     """An unbatched torch tensor as a rag tensor, through DLPack (zero copy when aligned)."""
     return rag.from_dlpack(t.detach().contiguous())
+
+
+# ---- torch.compile: the bridge as a custom op -------------------------------------------------
+#
+# Under torch.compile a call goes through torch.ops.rag.call instead of _Call: an operator on
+# flat tensors with a fake implementation (output shapes from the rag signature, rag never
+# runs at trace time) and a registered backward, so Dynamo and AOTAutograd trace around it.
+# What a custom op cannot carry travels beside it: the call's layout (which rag function,
+# which argument is a Ragged with which spec, params keys, Python constants) is a string key
+# into _LAYOUTS; lengths are int64 tensor inputs (torch tensors as lengths keep a new batch from
+# recompiling; lists are baked into the graph); rag's saved residuals stay on the Python side
+# under an id the forward returns as a tensor and the backward op consumes, so the compiled
+# step runs the function once forward and once backward, as eager does.
+
+_FUNCTIONS = {}  # id -> rag function, filled by function() (outside any compiled region)
+_LAYOUTS = {}  # key -> _Layout, a cache: the key alone determines it (the fake runs on it)
+_SAVED = {}  # id -> (rag.Saved, converted result) between a compiled forward and its backward
+_next_id = [0]
+
+_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
+           "f64": torch.float64, "i32": torch.int32, "i64": torch.int64, "bool": torch.bool}
+
+
+class _Signature:
+    """A rag signature's argument and result types, parsed once, outside compiled code."""
+
+    def __init__(self, sig):
+        self.arg_types = [a.split(":", 1)[1].strip()
+                          for a in _split_args(sig[sig.index("(") + 1:sig.index(")")])]
+        out = sig[sig.index("->") + 2:].strip()
+        self.tuple_result = out.startswith("(")
+        self.out_types = [t.strip() for t in _split_args(out[1:-1])] if self.tuple_result else [out]
+
+
+class _Layout:
+    """One call's structure without its tensors: the rag function, per argument its kind, and
+    the signature's types for the fake implementation."""
+
+    def __init__(self, key):
+        fn_id, *parts = key.split(_SEP)
+        self.fn, self.sig = _FUNCTIONS[int(fn_id)]
+        # per argument: ("ragged", spec) | ("params", keys) | ("tensor",) | ("other", value)
+        self.kinds = [_KIND_OF[p[0]](p[1:]) for p in parts]
+        self.arg_types, self.out_types = self.sig.arg_types, self.sig.out_types
+
+    def split(self, tensors):
+        """The op's flat inputs as (argument tensors, lengths tensors, one per ragged argument)."""
+        n_lengths = sum(k[0] == "ragged" for k in self.kinds)
+        return tensors[:len(tensors) - n_lengths], tensors[len(tensors) - n_lengths:]
+
+    def rag_args(self, tensors):
+        tensors, lengths = self.split(list(tensors))
+        args = []
+        for kind in self.kinds:
+            if kind[0] == "ragged":
+                v = tensors.pop(0).detach().contiguous()
+                args.append(rag.from_packed(v, lengths.pop(0).tolist(), kind[1]))
+            elif kind[0] == "params":
+                args.append({k: _dense(tensors.pop(0)) for k in kind[1]})
+            elif kind[0] == "tensor":
+                args.append(_dense(tensors.pop(0)))
+            else:
+                args.append(kind[1])
+        return args
+
+    def fake_outputs(self, tensors):
+        """Empty tensors shaped like the results, from the signature: a batched result takes
+        its rows from the argument with the same ragged axes, a named extent from an argument
+        that declares it; what no argument determines is a data-dependent size."""
+        tensors, _ = self.split(list(tensors))
+        dims = {}  # symbol -> size; ("rows", ragged names) -> rows
+        for kind, ty in zip(self.kinds, self.arg_types):
+            if kind[0] == "other":
+                continue
+            if kind[0] == "params":
+                del tensors[:len(kind[1])]
+                continue
+            t = tensors.pop(0)
+            batched, ragged, static = _parse_type(ty)
+            if batched:
+                dims.setdefault(("rows", tuple(ragged)), t.shape[0])
+                sizes = t.shape[1:]
+            else:
+                sizes = t.shape
+            for sym, size in zip(static, sizes):
+                if not sym.lstrip("-").isdigit():
+                    dims.setdefault(sym, size)
+        outs = []
+        for ty in self.out_types:
+            if "[" not in ty:
+                raise rag.Error("rag.torch under torch.compile: the result type %s (a params "
+                                "group) is not supported; call it outside the compiled region"
+                                % ty)
+            batched, ragged, static = _parse_type(ty)
+            shape = [dims[("rows", tuple(ragged))] if ("rows", tuple(ragged)) in dims
+                     else torch.library.get_ctx().new_dynamic_size()] if batched else []
+            for sym in static:
+                if sym.isdigit():
+                    shape.append(int(sym))
+                else:
+                    shape.append(dims[sym] if sym in dims
+                                 else torch.library.get_ctx().new_dynamic_size())
+            outs.append(torch.empty(shape, dtype=_DTYPES[ty[:ty.index("[")].strip()]))
+        return outs
+
+
+# The key: the function's id, then one field per argument, a letter and its detail. Built
+# from string operations Dynamo folds to a constant (json is not traceable).
+_SEP = "\x1f"
+_KIND_OF = {"R": lambda d: ("ragged", d), "P": lambda d: ("params", d.split(",")),
+            "T": lambda d: ("tensor",), "O": lambda d: ("other", ast.literal_eval(d))}
+
+
+def _key(fn_id, kinds):
+    fields = [str(fn_id)]
+    for k in kinds:
+        if k[0] == "ragged":
+            fields.append("R" + k[1])
+        elif k[0] == "params":
+            fields.append("P" + ",".join(k[1]))
+        elif k[0] == "tensor":
+            fields.append("T")
+        else:
+            fields.append("O" + repr(k[1]))
+    return _SEP.join(fields)
+
+
+def _parse_type(ty):
+    """'f32[B, ~N, 4]' -> (batched, ragged names in order, static extents as strings)."""
+    axes = [a.strip() for a in ty[ty.index("[") + 1:ty.rindex("]")].split(",") if a.strip()]
+    batched = bool(axes) and not axes[0].startswith("~") and not axes[0].isdigit()
+    if batched:
+        axes = axes[1:]
+    return (batched, [a[1:] for a in axes if a.startswith("~")],
+            [a for a in axes if not a.startswith("~")])
+
+
+@torch.library.custom_op("rag::call", mutates_args=())
+def _op_call(key: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    layout = _layout(key)
+    result, saved = layout.fn.call_saving(*layout.rag_args(tensors))
+    out = _to_torch(result)
+    _next_id[0] += 1
+    _SAVED[_next_id[0]] = (saved, out)
+    return [t.clone() for t in _leaves(out)] + [torch.tensor(_next_id[0])]
+
+
+@_op_call.register_fake
+def _(key, tensors):
+    return _layout(key).fake_outputs(tensors) + [torch.empty((), dtype=torch.int64)]
+
+
+@torch.library.custom_op("rag::call_backward", mutates_args=())
+def _op_call_backward(key: str, handle: torch.Tensor, tensors: list[torch.Tensor],
+                      cotangents: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One gradient per input tensor: float inputs get theirs (zeros where rag has none),
+    others (lengths, labels) an empty placeholder, as an op returns tensors only."""
+    saved, out = _SAVED.pop(int(handle))
+    flat = _torch_grads(_layout(key).kinds, _saved_backward(saved, out, cotangents))
+    flat += [None] * (len(tensors) - len(flat))
+    return [(torch.zeros_like(t) if g is None else g.clone()) if t.is_floating_point()
+            else torch.empty(0, dtype=t.dtype) for g, t in zip(flat, tensors)]
+
+
+@_op_call_backward.register_fake
+def _(key, handle, tensors, cotangents):
+    return [torch.empty_like(t) if t.is_floating_point() else torch.empty(0, dtype=t.dtype)
+            for t in tensors]
+
+
+def _setup_context(ctx, inputs, output):
+    key, tensors = inputs
+    ctx.key, ctx.n = key, len(tensors)
+    ctx.save_for_backward(output[-1], *tensors, *output[:-1])
+
+
+def _backward(ctx, grads):
+    handle, *rest = ctx.saved_tensors
+    tensors, outs = rest[:ctx.n], rest[ctx.n:]
+    cts = [torch.zeros_like(o) if g is None else g for g, o in zip(grads[:-1], outs)]
+    gs = torch.ops.rag.call_backward(ctx.key, handle, list(tensors), cts)
+    return None, [g if t.is_floating_point() else None for g, t in zip(gs, tensors)]
+
+
+_op_call.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _compiled_call(fn_id, binding):
+    """binding's call through torch.ops.rag.call (see above)."""
+    kinds, lengths = [], []
+    for kind in binding.kinds:
+        if kind[0] == "ragged":
+            r = kind[1]
+            if isinstance(r.lengths, dict):
+                raise rag.Error("rag.torch under torch.compile: give Ragged lengths as a list "
+                                "or tensor (rows in order of the spec's ragged names), not a dict")
+            lengths.append(r.lengths if isinstance(r.lengths, torch.Tensor)
+                           else torch.tensor(r.lengths, dtype=torch.int64))
+            kinds.append(("ragged", r.spec))
+        elif kind[0] == "params":
+            kinds.append(("params", list(kind[1])))
+        else:
+            kinds.append(kind)
+    # Python constants travel in the key: a graph constant, so a new value recompiles.
+    outs = torch.ops.rag.call(_key(fn_id, kinds), list(binding.tensors) + lengths)
+    # Results as eager returns them: a batched result shares the lengths of the argument with
+    # its ragged axes.
+    sig = _FUNCTIONS[fn_id][1]
+    ragged_lengths = {}
+    for ty, n in zip(sig.arg_types, _ragged_slots(kinds, lengths)):
+        if n is not None:
+            ragged_lengths.setdefault(tuple(_parse_type(ty)[1]), n)
+    results = []
+    for ty, t in zip(sig.out_types, outs[:-1]):
+        batched, ragged, _ = _parse_type(ty)
+        results.append(Ragged(t, ragged_lengths[tuple(ragged)], ty) if batched else t)
+    return tuple(results) if sig.tuple_result else results[0]
+
+
+def _layout(key):
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = _Layout(key)
+    return _LAYOUTS[key]
+
+
+def _ragged_slots(kinds, lengths):
+    """Per argument: its lengths when it is a Ragged, else None."""
+    it = iter(lengths)
+    return [next(it) if k[0] == "ragged" else None for k in kinds]
 
 
 def function(module, name):
@@ -174,13 +412,18 @@ def function(module, name):
     Ragged for batched tensors, tensors for unbatched ones, dicts for params; a tuple result
     is a tuple."""
     fn = module[name]
+    fn_id = len(_FUNCTIONS)
+    _FUNCTIONS[fn_id] = (fn, _Signature(fn.signature))
 
     def call(*args):
         b = _Binding(fn, args)
+        if torch.compiler.is_compiling():
+            return _compiled_call(fn_id, b)
         leaves = _Call.apply(b, *b.tensors)
         return _rebuild(b.last, list(leaves))
 
     call.__name__ = name
+    call.rag_fn = fn
     call.__doc__ = "rag function %s, differentiable in torch." % fn.signature
     return call
 

@@ -194,3 +194,61 @@ def test_dlpack_versioned_capsules_with_torch():
     legacy = torch.from_dlpack(t.__dlpack__())  # a legacy capsule still imports
     assert legacy.data_ptr() == t.values.ctypes.data
     torch.testing.assert_close(back, values)
+
+
+def test_torch_compile_traces_around_the_bridge_without_graph_breaks(m):
+    """torch.compile(fullgraph=True) goes through torch.ops.rag.call (a custom op with a fake
+    implementation and a registered backward): loss and gradients equal eager's bitwise (the
+    same rag calls), for two batches with different lengths; the ragged result of `encode`
+    comes back as a Ragged with its lengths; nothing is left in the saved-residual table."""
+    model = rt.Module(m, "loss", params="Model", seed=1)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+
+    def step(module, values, labels, lengths):
+        for p in model.parameters():
+            p.grad = None
+        x = rt.Ragged(values.clone().requires_grad_(), lengths)
+        loss = module(x, rt.Ragged(labels, lengths, "~N"))
+        loss.backward()
+        return loss.detach(), x.values.grad, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    for seed, lengths in ((0, LENGTHS), (1, [5, 2, 7, 4])):
+        g = torch.Generator().manual_seed(seed)
+        values = torch.randn(sum(lengths), 4, generator=g)
+        labels = torch.randint(0, 2, (sum(lengths),), generator=g)
+        want = step(model, values, labels, torch.tensor(lengths))
+        got = step(compiled, values, labels, torch.tensor(lengths))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        for n in want[2]:
+            assert torch.equal(got[2][n], want[2][n]), n
+    assert not rt._SAVED
+    enc = rt.Module(m, "encode", params="Model", seed=1)
+    x = rt.Ragged(torch.randn(10, 4), torch.tensor(LENGTHS))
+    out = torch.compile(enc, backend="aot_eager", fullgraph=True)(x)
+    assert isinstance(out, rt.Ragged) and tuple(out.values.shape) == (10, 2)
+    assert torch.equal(out.lengths, x.lengths) and torch.equal(out.values, enc(x).values)
+
+
+def test_the_custom_op_passes_torch_library_opcheck(m):
+    """torch.library.opcheck: schema, fake implementation against the real one, autograd
+    registration. Its AOT-dispatch check compares two runs' outputs, and the last output is the
+    id of the call's saved residuals, new each call: the compile test above covers AOT."""
+    model = rt.Module(m, "loss", params="Model", seed=1)
+    fn_id = next(k for k, (f, _) in rt._FUNCTIONS.items() if f is model._call.rag_fn)
+    values, labels = batch(0)
+    lengths = torch.tensor(LENGTHS)
+    key = rt._key(fn_id, [("ragged", "~N, 4"), ("ragged", "~N"),
+                          ("params", list(model.params()))])
+    tensors = [values.requires_grad_(), labels] + [p.detach().requires_grad_()
+                                                   for p in model.params().values()]
+    torch.library.opcheck(torch.ops.rag.call, (key, tensors + [lengths, lengths]),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor"))
+    enc = rt.Module(m, "encode", params="Model", seed=1)
+    fn_id = next(k for k, (f, _) in rt._FUNCTIONS.items() if f is enc._call.rag_fn)
+    key = rt._key(fn_id, [("ragged", "~N, 4"), ("params", list(enc.params()))])
+    tensors = [values] + [p.detach().requires_grad_() for p in enc.params().values()]
+    torch.library.opcheck(torch.ops.rag.call, (key, tensors + [lengths]),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor"))
+    rt._SAVED.clear()  # opcheck's forward-only runs leave theirs

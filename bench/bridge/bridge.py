@@ -1,0 +1,89 @@
+"""Bridge overhead (issue 17): the encoder's training step (forward and backward of the
+examples/encoder.rag loss on a 16-sequence batch, lengths 4..63, 64 features) called through
+rag.torch (torch tensors in, torch.autograd backward into parameter .grad) against the same
+rag function called directly (rag tensors and NumPy params prepared once, call_saving then
+Saved.backward), same inputs, same thread count; warm-up, then --calls calls of each,
+alternating one by one (the machine is shared and its load moves within seconds): the
+medians of each and the median of the per-pair ratios. Prints JSON lines.
+
+    PYTHONPATH=build/bindings $(./dev bench-python) bench/bridge/bridge.py --calls 11
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples/python"))
+import ddp  # noqa: E402  (the encoder with its scaled loss, the batch maker)
+import rag  # noqa: E402
+import rag.torch  # noqa: E402
+
+
+def paired_ms(fns, calls, warmup):
+    """Per call of each function in turn (the order alternating), so the load of the shared
+    machine hits both alike: times[name] lists, and per-pair ratios against the first."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    names = list(fns)
+    times = {n: [] for n in names}
+    for k in range(calls):
+        for n in (names if k % 2 == 0 else names[::-1]):
+            t = time.perf_counter()
+            fns[n]()
+            times[n].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=41)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    rag.set_num_threads(a.threads)
+    torch.set_num_threads(a.threads)
+    m = ddp.load_module()
+    lengths, x, y = ddp.make_batch(1000)
+    xs, ys, scale = ddp.step_inputs(lengths, x, y, range(len(lengths)), 1, sum(lengths))
+    model = rag.torch.Module(m, "scaled_loss", params="Encoder", seed=0)
+
+    def bridge():
+        for p in model.parameters():
+            p.grad = None
+        model(xs, ys, scale).backward()
+
+    fn = m["scaled_loss"]
+    x_rag, y_rag = xs.to_rag(), ys.to_rag()
+    params = {k: v.detach().numpy() for k, v in model.params().items()}
+    one = np.float32(1.0)
+
+    def direct():
+        _, saved = fn.call_saving(x_rag, y_rag, params, scale)
+        saved.backward(one)
+
+    # The two compute the same gradients (so they time the same work).
+    bridge()
+    _, saved = fn.call_saving(x_rag, y_rag, params, scale)
+    g = saved.backward(one)[2]
+    for k, p in model.params().items():
+        np.testing.assert_array_equal(p.grad.numpy(), np.asarray(g[k]))
+
+    base = {"bench": "bridge", "tokens": sum(lengths), "batch": len(lengths),
+            "threads": a.threads, "calls": a.calls, "warmup": a.warmup}
+    times = paired_ms({"direct": direct, "rag.torch": bridge}, a.calls, a.warmup)
+    ratios = [b / d for d, b in zip(times["direct"], times["rag.torch"])]
+    for name, ts in times.items():
+        print(json.dumps(dict(base, system=name, ms_median=statistics.median(ts),
+                              ms_min=min(ts), ms=[round(v, 2) for v in ts])))
+    print(json.dumps(dict(base, system="ratio", median_pair_ratio=statistics.median(ratios))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""bench/results/bridge.jsonl -> markdown (bench/bridge/run.sh writes both)."""
+import json
+import sys
+
+rows = [json.loads(l) for l in open(sys.argv[1])]
+meta = {k: v for r in rows if r.get("meta") for k, v in r.items()}
+bridge = {r["system"]: r for r in rows if r.get("bench") == "bridge"}
+ddp = {r["ranks"]: r for r in rows if r.get("bench") == "ddp"}
+print("# PyTorch bridge (issue 17)\n")
+print("Commit %s, %s; %s (%s cores), torch %s; load average %s at the start, %s at the end "
+      "(the machine is shared: other agents' builds and tests ran meanwhile, so absolute "
+      "times are noisy). Written by bench/bridge/run.sh.\n"
+      % (meta["commit"], meta["date"], meta["cpu"], meta["cores"], meta["torch"],
+         meta["loadavg_start"], meta["loadavg_end"]))
+d, b = bridge["direct"], bridge["rag.torch"]
+print("## Bridge overhead: the encoder training step\n")
+print("Forward and backward of examples/encoder.rag's loss (scaled, as examples/python/ddp.py "
+      "trains it) on %d sequences, %d tokens, %d threads; %d calls of each after %d warm-up "
+      "calls, alternating call by call (direct, bridge, bridge, direct, ...), so that the "
+      "shared machine's load hits both alike.\n"
+      % (d["batch"], d["tokens"], d["threads"], d["calls"], d["warmup"]))
+print("| path | median ms/step | min ms/step |\n|---|---:|---:|")
+for name, r, what in (("direct", d, "rag tensors and NumPy params, call_saving + Saved.backward"),
+                      ("rag.torch", b, "torch tensors, Module forward + loss.backward()")):
+    print("| %s (%s) | %.2f | %.2f |" % (name, what, r["ms_median"], r["ms_min"]))
+print("\nOverhead of the bridge (target: under 5%%): %+.1f%% by the median of the per-pair "
+      "ratios, %+.1f%% by the medians, %+.1f%% by the minima.\n"
+      % (100 * (bridge["ratio"]["median_pair_ratio"] - 1),
+         100 * (b["ms_median"] / d["ms_median"] - 1), 100 * (b["ms_min"] / d["ms_min"] - 1)))
+print("## DDP on gloo: step time, 1 rank vs 2 ranks\n")
+print("examples/python/ddp.py's step (DistributedDataParallel over rag.torch, SGD) on the same "
+      "16-sequence batches, cost-balanced shards, cores // ranks rag threads per rank; median "
+      "of %d steps after %d warm-up steps, timed on rank 0 between barriers.\n"
+      % (ddp[1]["steps"], ddp[1]["warmup"]))
+print("| ranks | rag threads per rank | ms/step | steps (ms) |\n|---:|---:|---:|---|")
+for r in sorted(ddp):
+    print("| %d | %d | %.1f | %s |" % (r, ddp[r]["rag_threads_per_rank"], ddp[r]["ms_median"],
+                                      ddp[r]["ms"]))
+print("\n2 ranks / 1 rank: %.2fx the step time. Both use the machine's %s cores: this measures "
+      "the cost of DDP's all-reduce and of splitting the batch, not a speed-up from more "
+      "hardware." % (ddp[2]["ms_median"] / ddp[1]["ms_median"], meta["cores"]))
