@@ -57,7 +57,7 @@ def masks(seed, shared, channels):
     return dropout_reference([np.ones((n, n, channels)) for n in LENS], 0.25, seed, shared)
 
 
-def block(s, z, p, b=None):
+def block(s, z, p, b=None, single_heads=2, pair_heads=1):
     """AlphaFold 3's block order; b: the sample's index, for the training form's masks (seeds
     1 to 4, row-wise but for the ending node's column-wise one)."""
     drop = [(lambda u: u) if b is None else
@@ -65,29 +65,27 @@ def block(s, z, p, b=None):
             for seed, shared in ((1, 1), (2, 1), (3, 1), (4, 2))]
     z = z + drop[0](tri_mul(z, p, "mul_out.", True))
     z = z + drop[1](tri_mul(z, p, "mul_in.", False))
-    z = z + drop[2](tri_att(z, p, "att_start.", False))
-    z = z + drop[3](tri_att(z, p, "att_end.", True))
+    z = z + drop[2](tri_att(z, p, "att_start.", False, pair_heads))
+    z = z + drop[3](tri_att(z, p, "att_end.", True, pair_heads))
     z = z + transition(z, p, "pair.")
-    s = s + att_pair_bias(s, z, p, "single_att.")
+    s = s + att_pair_bias(s, z, p, "single_att.", single_heads)
     return s + transition(s, p, "single."), z
 
 
 S4, Z4 = ("s", "f32[B, ~N, 4]"), ("z", "f32[B, ~N, ~N, 4]")
 PAIR4 = "f32[B, ~N, ~N, 4]"
-BLOCK = "PairformerBlock[4, 4, 2, 2, 6, 5]"
-LAYERS = {
-    "triangle_multiplication_outgoing": (
-        "triangle_multiplication_outgoing(z, p)", "TriangleMultiplication[4, 3]", [Z4], PAIR4,
-        lambda i, p: tri_mul(i["z"], p, "", True)),
-    "triangle_multiplication_incoming": (
-        "triangle_multiplication_incoming(z, p)", "TriangleMultiplication[4, 3]", [Z4], PAIR4,
-        lambda i, p: tri_mul(i["z"], p, "", False)),
-    "triangle_attention_starting": (
-        "triangle_attention_starting(z, p)", "TriangleAttention[4, 2]", [Z4], PAIR4,
-        lambda i, p: tri_att(i["z"], p, "", False)),
-    "triangle_attention_ending": (
-        "triangle_attention_ending(z, p)", "TriangleAttention[4, 2]", [Z4], PAIR4,
-        lambda i, p: tri_att(i["z"], p, "", True)),
+# Two channels keep the block's float64 differences cheap (~300 of them, not ~850 at 4).
+BLOCK = "PairformerBlock[2, 2, 2, 1, 3, 3]"
+S2, Z2 = ("s", "f32[B, ~N, 2]"), ("z", "f32[B, ~N, ~N, 2]")
+LAYERS = {  # the four triangle updates of a pair state: name: (params type, reference, flag)
+    name: (f"{name}(z, p)", ptype, [Z4], PAIR4, lambda i, p, f=ref, a=flag: f(i["z"], p, "", a))
+    for name, ptype, ref, flag in (
+        ("triangle_multiplication_outgoing", "TriangleMultiplication[4, 3]", tri_mul, True),
+        ("triangle_multiplication_incoming", "TriangleMultiplication[4, 3]", tri_mul, False),
+        ("triangle_attention_starting", "TriangleAttention[4, 2]", tri_att, False),
+        ("triangle_attention_ending", "TriangleAttention[4, 2]", tri_att, True))
+}
+LAYERS.update({
     "attention_pair_bias": (
         "attention_pair_bias(s, z, p)", "AttentionPairBias[4, 3, 2]",
         [S4, ("z", "f32[B, ~N, ~N, 3]")], "f32[B, ~N, 4]",
@@ -96,14 +94,13 @@ LAYERS = {
                    lambda i, p: transition(i["s"], p, "")),
     "pair_transition": ("pair_transition(z, p)", "Transition[4, 5]", [Z4], PAIR4,
                         lambda i, p: transition(i["z"], p, "")),
-}
+})
 # One output of each form (each block costs a compile with three gradients): the single
 # state of the plain block, which reads its whole pair track through the pair bias, and the
 # pair state of the training form with its four masks.
-for _fn, _k, _t in (("pairformer_block", 0, "f32[B, ~N, 4]"),
-                    ("pairformer_block_dropout", 1, PAIR4)):
+for _fn, _k, _t in (("pairformer_block", 0, S2[1]), ("pairformer_block_dropout", 1, Z2[1])):
     LAYERS[f"{_fn}.{'sz'[_k]}"] = (
-        f"{_fn}(s, z, p)[{_k}]", BLOCK, [S4, Z4], _t,
+        f"{_fn}(s, z, p)[{_k}]", BLOCK, [S2, Z2], _t,
         lambda i, p, k=_k, d=_fn.endswith("dropout"): block(i["s"], i["z"], p,
                                                              i["_b"] if d else None)[k])
 
