@@ -76,13 +76,13 @@ if a.model == "fcn":
 
     def padded_loss_fn():
         conv = F.conv2d
-        h = F.relu(conv(x, P["stem"], P["stem_b"], stride=2, padding=1)) * m2
-        t = F.relu(conv(h, P["block.w1"], P["block.b1"], padding=1)) * m2
-        h = F.relu(h + conv(t, P["block.w2"], P["block.b2"], padding=1)) * m2
-        t = F.relu(conv(h, P["down.w1"], P["down.b1"], stride=2, padding=1)) * m4
-        h = F.relu(conv(h, P["down.proj"], stride=2) +
-                   conv(t, P["down.w2"], P["down.b2"], padding=1)) * m4
-        logits = F.interpolate(conv(h, P["cls"], P["cls_b"]), scale_factor=4, mode="nearest")
+        h = F.relu(conv(x, P["stem.w"], P["stem.b"], stride=2, padding=1)) * m2
+        t = F.relu(conv(h, P["block.conv1.w"], P["block.conv1.b"], padding=1)) * m2
+        h = F.relu(h + conv(t, P["block.conv2.w"], P["block.conv2.b"], padding=1)) * m2
+        t = F.relu(conv(h, P["down.conv1.w"], P["down.conv1.b"], stride=2, padding=1)) * m4
+        h = F.relu(conv(h, P["down.proj.w"], stride=2) +
+                   conv(t, P["down.conv2.w"], P["down.conv2.b"], padding=1)) * m4
+        logits = F.interpolate(conv(h, P["cls.w"], P["cls.b"]), scale_factor=4, mode="nearest")
         return F.cross_entropy(logits, pix, ignore_index=-100)
     if not a.danling:
         loss_fn = padded_loss_fn
@@ -108,19 +108,21 @@ else:
     def loss_fn():
         t = F.unfold(x, 16, stride=16).transpose(1, 2)         # [B, grid, 768]: c, row, col
         t = torch.gather(t, 1, idx[..., None].expand(-1, -1, t.shape[2]))
-        t = t @ P["embed"] + P["embed_b"] + P["pos"][:pmax]
+        t = t @ P["embed.proj.w"] + P["embed.proj.b"] + P["pos.table"][:pmax]
         for i in range(2):
-            L = {k: P[f"layers.{i}.{k}"] for k in ("ln1_g", "ln1_b", "wq", "wk", "wv", "wo",
-                                                   "ln2_g", "ln2_b", "w1", "b1", "w2", "b2")}
+            L = {k: P[f"layers.{i}.{v}"] for k, v in (  # stdlib's TransformerLayer fields
+                ("ln1_g", "ln1.g"), ("ln1_b", "ln1.b"), ("wq", "att.wq"), ("wk", "att.wk"),
+                ("wv", "att.wv"), ("wo", "att.wo"), ("ln2_g", "ln2.g"), ("ln2_b", "ln2.b"),
+                ("w1", "mlp.fc1.w"), ("b1", "mlp.fc1.b"), ("w2", "mlp.fc2.w"), ("b2", "mlp.fc2.b"))}
             h = F.layer_norm(t, (64,), L["ln1_g"], L["ln1_b"])
             o = F.scaled_dot_product_attention(heads(h, L["wq"]), heads(h, L["wk"]),
                                                heads(h, L["wv"]), attn_mask=keep)
             t = t + o.transpose(1, 2).reshape(t.shape) @ L["wo"]
             h = F.layer_norm(t, (64,), L["ln2_g"], L["ln2_b"])
-            t = t + F.gelu(h @ L["w1"] + L["b1"]) @ L["w2"] + L["b2"]
-        h = F.layer_norm(t, (64,), P["ln_g"], P["ln_b"])
+            t = t + (F.gelu(h @ L["w1"] + L["b1"]) @ L["w2"] + L["b2"])
+        h = F.layer_norm(t, (64,), P["ln.g"], P["ln.b"])
         pooled = (h * vf).sum(1) / vf.sum(1)
-        return F.cross_entropy(pooled @ P["head"] + P["head_b"], cls)
+        return F.cross_entropy(pooled @ P["head.w"] + P["head.b"], cls)
     opt = torch.optim.AdamW(P.values(), lr=1e-3, weight_decay=0.01)
     clip = 1.0
 
