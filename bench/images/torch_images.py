@@ -57,35 +57,31 @@ if a.model == "fcn":
     pix = torch.tensor(d["pix"])
     m2, m4 = masks(2), masks(4)
 
+    def logits_of(x, m2=None, m4=None):
+        """The FCN's class scores; m2 and m4 (padded runs) zero each resolution's padding."""
+        def conv(t, name, **kw):
+            return F.conv2d(t, P[name + ".w"], P.get(name + ".b"), **kw)
+
+        def masked(t, m):
+            return t if m is None else t * m
+        h = masked(F.relu(conv(x, "stem", stride=2, padding=1)), m2)
+        t = masked(F.relu(conv(h, "block.conv1", padding=1)), m2)
+        h = masked(F.relu(h + conv(t, "block.conv2", padding=1)), m2)
+        t = masked(F.relu(conv(h, "down.conv1", stride=2, padding=1)), m4)
+        h = masked(F.relu(conv(h, "down.proj", stride=2) + conv(t, "down.conv2", padding=1)), m4)
+        return F.interpolate(conv(h, "cls"), scale_factor=4, mode="nearest")
+
     if a.danling:  # the same layers on unpadded images; the loss over the valid pixels
         xn = NestedTensor([x[b, :, :h, :w] for b, (h, w) in enumerate(hw)])
         pix_n = torch.cat([pix[b, :-(-h // 4) * 4, :-(-w // 4) * 4].reshape(-1)
                            for b, (h, w) in enumerate(hw)])
 
         def loss_fn():
-            conv = F.conv2d
-            h = F.relu(conv(xn, P["stem"], P["stem_b"], stride=2, padding=1))
-            t = F.relu(conv(h, P["block.w1"], P["block.b1"], padding=1))
-            h = F.relu(h + conv(t, P["block.w2"], P["block.b2"], padding=1))
-            t = F.relu(conv(h, P["down.w1"], P["down.b1"], stride=2, padding=1))
-            h = F.relu(conv(h, P["down.proj"], stride=2) +
-                       conv(t, P["down.w2"], P["down.b2"], padding=1))
-            logits = F.interpolate(conv(h, P["cls"], P["cls_b"]), scale_factor=4, mode="nearest")
-            z = torch.cat([t.permute(1, 2, 0).reshape(-1, t.shape[0]) for t in logits])
+            z = torch.cat([t.permute(1, 2, 0).reshape(-1, t.shape[0]) for t in logits_of(xn)])
             return F.cross_entropy(z, pix_n)
-
-    def padded_loss_fn():
-        conv = F.conv2d
-        h = F.relu(conv(x, P["stem.w"], P["stem.b"], stride=2, padding=1)) * m2
-        t = F.relu(conv(h, P["block.conv1.w"], P["block.conv1.b"], padding=1)) * m2
-        h = F.relu(h + conv(t, P["block.conv2.w"], P["block.conv2.b"], padding=1)) * m2
-        t = F.relu(conv(h, P["down.conv1.w"], P["down.conv1.b"], stride=2, padding=1)) * m4
-        h = F.relu(conv(h, P["down.proj.w"], stride=2) +
-                   conv(t, P["down.conv2.w"], P["down.conv2.b"], padding=1)) * m4
-        logits = F.interpolate(conv(h, P["cls.w"], P["cls.b"]), scale_factor=4, mode="nearest")
-        return F.cross_entropy(logits, pix, ignore_index=-100)
-    if not a.danling:
-        loss_fn = padded_loss_fn
+    else:
+        def loss_fn():
+            return F.cross_entropy(logits_of(x, m2, m4), pix, ignore_index=-100)
     opt = torch.optim.AdamW(P.values(), lr=1e-2, weight_decay=0.0)
     clip = None
 else:
