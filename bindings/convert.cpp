@@ -573,7 +573,12 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
         buf = {std::shared_ptr<std::byte>(in.owner, data), std::size_t(numel) * es};
     } else {
         buf = Buffer::allocate(std::size_t(numel) * es);
-        if (numel > 0) copy_strided(data, strides.data(), shape, es, buf.data.get());
+        // Contiguous memory (unaligned or read-only) is one memcpy; the element loop is for
+        // strided views only (it costs ~8 ns an element).
+        if (contiguous && numel > 0)
+            std::memcpy(buf.data.get(), data, std::size_t(numel) * es);
+        else if (numel > 0)
+            copy_strided(data, strides.data(), shape, es, buf.data.get());
         in.owner.reset();
     }
     std::vector<Axis> axes;

@@ -172,8 +172,11 @@ def _saved_backward(saved, out, grads):
 
 
 def _dense(t):
-    """An unbatched torch tensor as a rag tensor, through DLPack (zero copy when aligned)."""
-    return rag.from_dlpack(t.detach().contiguous())
+    """An unbatched torch tensor for a rag call, zero copy when aligned: as a NumPy view, which
+    rag adopts like a DLPack tensor at a tenth of the cost (~3 us against ~30 us a tensor, and
+    a params group has one per field); bf16, which NumPy lacks, through DLPack."""
+    t = t.detach().contiguous()
+    return rag.from_dlpack(t) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 # ---- torch.compile: the bridge as a custom op -------------------------------------------------
