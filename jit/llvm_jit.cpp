@@ -26,6 +26,8 @@
 #include <mutex>
 #include <optional>
 
+#include <time.h>
+
 namespace rag::jit {
 namespace {
 
@@ -79,6 +81,20 @@ llvm::TargetMachine& thread_tm(Jit& j) {
     thread_local std::unique_ptr<llvm::TargetMachine> tm;
     if (!tm) tm = take(j.jtmb->createTargetMachine());
     return *tm;
+}
+
+// CPU seconds of the calling thread: on a loaded machine wall time says little about LLVM's
+// cost, the thread's CPU time does.
+double thread_cpu_seconds() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+std::size_t instruction_count(const llvm::Module& m) {
+    std::size_t n = 0;
+    for (const llvm::Function& f : m) n += f.getInstructionCount();
+    return n;
 }
 
 // RAG_JIT_PROFILE=1 also prints each module's compile time to stderr.
@@ -203,6 +219,9 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
     const std::unique_ptr<llvm::Module> m = std::move(module);
     std::optional<CompilePhase> phase(std::in_place, "llvm_opt");
     const auto t_start = std::chrono::steady_clock::now();
+    const double cpu_start = thread_cpu_seconds();
+    double cpu_opt = 0, cpu_gen = 0;
+    std::size_t ir_in = 0, ir_out = 0;
     const std::string name = m->getName().str();
     std::string err;
     llvm::raw_string_ostream es(err);
@@ -218,10 +237,15 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
         key = cache_key(*m, j);
     }
     const auto report = [&](const char* how) {
-        if (profiling())
-            std::fprintf(
-                stderr, "module %s: %zu symbols, %s, %.3f s\n", name.c_str(), count, how,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+        if (!profiling()) return;
+        const double cpu = thread_cpu_seconds() - cpu_start;
+        std::fprintf(
+            stderr,
+            "module %s: %zu symbols, %s, %.3f s (thread CPU %.3f s: optimise %.3f, code "
+            "generation %.3f; %zu -> %zu instructions)\n",
+            name.c_str(), count, how,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(), cpu,
+            cpu_opt, cpu_gen, ir_in, ir_out);
     };
     std::vector<void*> out;
     if (!key.empty()) {
@@ -239,7 +263,13 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
     phase.reset();
     phase.emplace("llvm_opt");
     llvm::TargetMachine& tm = thread_tm(j);
+    if (profiling()) ir_in = instruction_count(*m);
+    const double cpu_before_opt = thread_cpu_seconds();
     optimise(*m, tm);
+    if (profiling()) {
+        cpu_opt = thread_cpu_seconds() - cpu_before_opt;
+        ir_out = instruction_count(*m);
+    }
     std::string text;
     if (ir || !key.empty()) {
         llvm::raw_string_ostream os(text);
@@ -249,7 +279,9 @@ std::vector<void*> add_module(std::unique_ptr<llvm::Module> module,
     if (count == 0) return out;
     phase.reset();
     phase.emplace("llvm_codegen");
+    const double cpu_before_gen = thread_cpu_seconds();
     auto obj = take(llvm::orc::SimpleCompiler(tm)(*m));
+    cpu_gen = thread_cpu_seconds() - cpu_before_gen;
     if (!key.empty())
         store_cached_object(key, {std::string(obj->getBuffer()), ir ? std::move(text) : ""});
     std::lock_guard<std::mutex> lock(j.mu);
