@@ -24,10 +24,7 @@ namespace {
 
 using namespace rag::testing;
 namespace fs = std::filesystem;
-// The source tree: where the build was configured, or $RAG_SOURCE_DIR (a build carried to a
-// GPU machine runs from another checkout).
-const fs::path root =
-    std::getenv("RAG_SOURCE_DIR") ? std::getenv("RAG_SOURCE_DIR") : RAG_SOURCE_DIR;
+const fs::path root = source_root();
 
 #define SKIP_WITHOUT_DEVICE()                                                                      \
     if (!cuda::available()) {                                                                      \

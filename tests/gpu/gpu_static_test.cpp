@@ -5,6 +5,7 @@
 #include "jit/kir_nvptx.hpp"
 #include "tests/gpu/ptxas.hpp"
 #include "tests/gpu/report_kernels.hpp"
+#include "tests/support/testing.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,8 +20,7 @@ namespace {
 
 using namespace rag::testing;
 namespace fs = std::filesystem;
-const fs::path root =
-    std::getenv("RAG_SOURCE_DIR") ? std::getenv("RAG_SOURCE_DIR") : RAG_SOURCE_DIR;
+const fs::path root = source_root();
 
 struct Resources {
     long registers = -1, spill_stores = -1, spill_loads = -1, stack = -1;

@@ -2,6 +2,7 @@
 // kernel-IR programs picked at run time), each module under its own header, and every module
 // it prints is accepted by ptxas. Runs the rag command ($RAG_CLI, else the build's).
 #include "tests/gpu/ptxas.hpp"
+#include "tests/support/testing.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,8 +18,7 @@ namespace {
 
 using namespace rag::testing;
 namespace fs = std::filesystem;
-const fs::path root =
-    std::getenv("RAG_SOURCE_DIR") ? std::getenv("RAG_SOURCE_DIR") : RAG_SOURCE_DIR;
+const fs::path root = source_root();
 const std::string cli = std::getenv("RAG_CLI") ? std::getenv("RAG_CLI") : RAG_CLI;
 
 struct CliRun {

@@ -16,10 +16,7 @@ namespace {
 
 using namespace rag::testing;
 namespace fs = std::filesystem;
-// The source tree: where the build was configured, or $RAG_SOURCE_DIR (a build carried to a
-// GPU machine runs from another checkout).
-const fs::path root =
-    std::getenv("RAG_SOURCE_DIR") ? std::getenv("RAG_SOURCE_DIR") : RAG_SOURCE_DIR;
+const fs::path root = source_root();
 const char* const archs[] = {"sm_80", "sm_90"};
 
 const char* const no_ptxas = "SKIPPED: no ptxas (set RAG_PTXAS or CUDA_HOME); PTX not assembled";

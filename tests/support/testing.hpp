@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string_view>
 #include <vector>
@@ -14,6 +16,15 @@
 namespace rag::testing {
 
 using Shape_ = std::vector<std::int64_t>;
+
+#ifdef RAG_SOURCE_DIR
+// The source tree: where the build was configured, or $RAG_SOURCE_DIR (a build carried to a
+// GPU machine runs from another checkout).
+inline std::filesystem::path source_root() {
+    const char* e = std::getenv("RAG_SOURCE_DIR");
+    return e ? e : RAG_SOURCE_DIR;
+}
+#endif
 
 // A dense n-d array of doubles: the independent per-sample reference representation.
 struct Nd {
