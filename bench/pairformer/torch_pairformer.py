@@ -28,15 +28,8 @@ ap.add_argument("--calls", type=int, default=5)
 ap.add_argument("--budget", type=float, default=120)
 ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
-import torch  # noqa: E402
-
-torch.set_num_threads(a.threads)
-try:
-    torch.set_num_interop_threads(1)
-except RuntimeError:
-    pass
+torch = timing.torch_with_threads(a.threads)
 F = torch.nn.functional
-torch.backends.cuda.enable_cudnn_sdp(False)  # see bench/text/torch_text.py
 
 lengths = data.PROFILES[a.profile]
 B, N = len(lengths), max(lengths)

@@ -35,3 +35,17 @@ def measure(step, calls, budget_s):
     return {"ms_step": round(float(np.median(ms)), 2), "ms_min": round(min(ms), 2),
             "timed_calls": len(ms), "first_call_s": round(first, 3), "loss0": loss0,
             "peak_rss_bytes": (status_kb("VmHWM:") - rss0) * 1024}
+
+
+def torch_with_threads(threads):
+    """torch, imported and set to `threads` intra-op threads and 1 inter-op thread, with the
+    CUDA build's cuDNN SDPA query off: it fails without a driver even for CPU tensors, and off,
+    a jagged SDPA on the CPU gets the math kernel or the error that says why not (causal)."""
+    import torch
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return torch

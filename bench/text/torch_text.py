@@ -28,18 +28,8 @@ ap.add_argument("--budget", type=float, default=60.0)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--only", choices=["fwd", "train"])
 a = ap.parse_args()
-import torch  # noqa: E402
-
-torch.set_num_threads(a.threads)
-try:
-    torch.set_num_interop_threads(1)
-except RuntimeError:
-    pass
+torch = timing.torch_with_threads(a.threads)
 F = torch.nn.functional
-# The CUDA build of torch asks cuDNN whether it can run a jagged SDPA even on CPU tensors, and
-# that query fails without a driver; off, a jagged SDPA on the CPU gets the math kernel or the
-# error that says why not (causal).
-torch.backends.cuda.enable_cudnn_sdp(False)
 if a.system == "danling-nt":
     from danling.tensors import NestedTensor  # patches torch: its own process
 cfg = MODELS[a.model]
