@@ -229,8 +229,6 @@ int Padder::reduction(std::string_view name, int x, const Attrs& attrs) {
     return emit("div", {r, c});
 }
 
-// softmax(q k^T * scale) v as padded frameworks run it: scores materialised over the envelope
-// (B, H, N_max, M_max), padded keys masked out before the softmax.
 // Causal attention keeps key j for query i iff j <= i (both counted from the sample's start,
 // so padding never comes between): scores s with queries on logical axis n and keys on n + 1
 // lose the rest. The comparison runs on [B, 1.., ~N, ~M] positions as f32 (a fused loop), not
@@ -254,6 +252,8 @@ int Padder::causal(int s, int n, const std::string& queries, const std::string& 
     return emit("where", {it->second, s, constant(very_negative(st.dtype), st.dtype)});
 }
 
+// softmax(q k^T * scale) v as padded frameworks run it: scores materialised over the envelope
+// (B, H, N_max, M_max), padded keys masked out before the softmax.
 int Padder::attention(int q, int k, int v, const Attrs& attrs) {
     const Schema qs = type(q); // a copy: emitting grows the node list
     const double D = double(qs.shape.axes.back().extent);
