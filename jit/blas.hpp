@@ -5,6 +5,7 @@
 // OPENBLAS_NUM_THREADS say, so results are bitwise the same under any thread count.
 #pragma once
 #include <cblas.h>
+#include <cstdint>
 
 namespace rag::jit {
 
@@ -15,6 +16,12 @@ void gemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int 
           float alpha, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
 void gemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
           double alpha, const double* a, int lda, const double* b, int ldb, double* c, int ldc);
+
+// The rows (or columns) of the output that one single-threaded BLAS call computes when gemm()
+// splits a dimension of `len`: a multiple of 32, a function of the sizes alone (so each output
+// element comes from the same call under any thread count), long enough that packing the
+// other operand once per call does not dominate.
+std::int64_t gemm_block_rows(std::int64_t len);
 
 // The kernel set OpenBLAS runs ("SkylakeX", "Haswell", ...): on a CPU its detection does not
 // know, rag selects the best set the CPU supports at load time (jit/blas.cpp).

@@ -34,6 +34,26 @@ TEST(Blas, RunsKernelsForThisCpuNotGenericOnes) {
         EXPECT_NE(core, generic) << "OpenBLAS runs its generic " << core << " kernels";
 }
 
+// A GEMM is split over rag's threads into single-threaded BLAS calls, each of which packs the
+// other operand's whole panel: 32-row calls (the old split) ran a 2048^3 GEMM at half the rate.
+// Blocks are multiples of 32, at least 128 long unless that would leave one block, and a
+// long dimension gives about 8 of them.
+TEST(Blas, SplitBlocksAmortisePackingAndStillGiveTwoThreadsWork) {
+    for (std::int64_t len : {1, 31, 64, 100, 128, 256, 300, 512, 1000, 2048, 8300, 100000}) {
+        const std::int64_t rows = jit::gemm_block_rows(len);
+        const std::int64_t blocks = (len + rows - 1) / rows;
+        EXPECT_EQ(rows % 32, 0) << len;
+        if (len >= 64) {
+            EXPECT_GE(blocks, 2) << len;
+        }
+        if (len >= 256) {
+            EXPECT_GE(rows, 128) << len;
+        }
+        EXPECT_LE(blocks, 9) << len;
+    }
+    EXPECT_EQ(jit::gemm_block_rows(2048), 256);
+}
+
 TEST(CpuJit, EveryFusedOpAgreesWithTheInterpreter) {
     const char* unary[] = {"neg",  "exp",     "log",  "sqrt", "rsqrt", "abs",
                            "tanh", "sigmoid", "relu", "gelu", "silu"};
