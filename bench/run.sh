@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Results describe a commit: a tree with changes to tracked files is refused (as in
 # bench/relpos/run.sh), unless BENCH_ALLOW_DIRTY=1 (smoke runs), which the header then says.
-dirty=$(git status --porcelain --untracked-files=no)
+dirty=$(git status --porcelain --untracked-files=no -- . ':!bench/results')  # results do not count
 if [ -n "$dirty" ] && [ "${BENCH_ALLOW_DIRTY:-0}" != 1 ]; then
   echo "run.sh: the tree has uncommitted changes; commit them first (results name the commit)" >&2
   exit 1

@@ -61,11 +61,11 @@ def ln(x, g, b):
 
 
 def tri_mul(z, m, outgoing):
-    x = ln(z, m["ln_g"], m["ln_b"])
-    ga = torch.sigmoid(x @ m["wag"]) * (x @ m["wap"]) * pair
-    gb = torch.sigmoid(x @ m["wbg"]) * (x @ m["wbp"]) * pair
+    x = ln(z, m["ln.g"], m["ln.b"])
+    ga = torch.sigmoid(x @ m["a_gate"]) * (x @ m["a_proj"]) * pair
+    gb = torch.sigmoid(x @ m["b_gate"]) * (x @ m["b_proj"]) * pair
     t = torch.einsum("bikc,bjkc->bijc" if outgoing else "bkic,bkjc->bijc", ga, gb)
-    return torch.sigmoid(x @ m["wg"]) * (ln(t, m["lno_g"], m["lno_b"]) @ m["wo"])
+    return torch.sigmoid(x @ m["gate"]) * (ln(t, m["ln_out.g"], m["ln_out.b"]) @ m["out"])
 
 
 def tri_att(x, bias, m):
@@ -74,32 +74,32 @@ def tri_att(x, bias, m):
     q, k, v = heads(x @ m["wq"]), heads(x @ m["wk"]), heads(x @ m["wv"])
     mask = (bias.permute(0, 3, 1, 2) + key_bias[:, None, None, :])[:, None]  # [B, 1, 4, J, K]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(2, 3).flatten(-2)
-    return (torch.sigmoid(x @ m["wg"]) * o) @ m["wo"]
+    return (torch.sigmoid(x @ m["gate"]) * o) @ m["wo"]
 
 
 def tri_att_start(z, m):
-    x = ln(z, m["ln_g"], m["ln_b"])
-    return tri_att(x, x @ m["wb"], m)
+    x = ln(z, m["ln.g"], m["ln.b"])
+    return tri_att(x, x @ m["bias"], m)
 
 
 def tri_att_end(z, m):  # the bias from the untransposed LN(z), read at (i, k) (AlphaFold 3)
-    x = ln(z, m["ln_g"], m["ln_b"])
-    return tri_att(x.transpose(1, 2), x @ m["wb"], m).transpose(1, 2)
+    x = ln(z, m["ln.g"], m["ln.b"])
+    return tri_att(x.transpose(1, 2), x @ m["bias"], m).transpose(1, 2)
 
 
 def transition(x, t):
-    x = ln(x, t["ln_g"], t["ln_b"])
-    return (F.silu(x @ t["wa"]) * (x @ t["wb"])) @ t["wo"]
+    x = ln(x, t["ln.g"], t["ln.b"])
+    return (F.silu(x @ t["ff.gate"]) * (x @ t["ff.up"])) @ t["ff.down"]
 
 
 def single_att(s, z, m):
-    x = ln(s, m["ln_g"], m["ln_b"])
-    bias = ln(z, m["lnz_g"], m["lnz_b"]) @ m["wz"]  # [B, N, N, 16]
+    x = ln(s, m["ln.g"], m["ln.b"])
+    bias = ln(z, m["ln_z.g"], m["ln_z.b"]) @ m["bias"]  # [B, N, N, 16]
     heads = lambda t: t.unflatten(-1, (16, 24)).transpose(1, 2)  # noqa: E731  [B, 16, N, 24]
     q, k, v = heads(x @ m["wq"]), heads(x @ m["wk"]), heads(x @ m["wv"])
     mask = bias.permute(0, 3, 1, 2) + key_bias[:, None, None, :]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(-2)
-    return (torch.sigmoid(x @ m["wg"]) * o) @ m["wo"]
+    return (torch.sigmoid(x @ m["gate"]) * o) @ m["wo"]
 
 
 def group(prefix):
