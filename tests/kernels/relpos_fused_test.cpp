@@ -548,7 +548,10 @@ TEST(RelposFused, ErrorsNameTheOpAndTheSample) {
 // tile's 64 columns, a head's 64 features) before the loop vectoriser, which then turned the
 // enclosing runtime loops into hundreds of strided reductions: 700 KB of optimised IR and
 // about 3 s of LLVM per backward program. The CPU lowering keeps constant loops as loops
-// (jit/kir_llvm.cpp); this bounds each program's optimised IR for the paper's head size.
+// (jit/kir_llvm.cpp); this bounds each program's optimised IR for the paper's head size. The
+// bound depends on the host's vector ISA: under 300 KB with AVX2, 320 KB for the largest program
+// (the key pass with aq and ak) with AVX-512, whose 16-lane bodies and remainder loops are
+// longer; the unrolled programs were 700 KB.
 TEST(RelposFused, ProgramsCompileToCompactIr) {
     for (bool aq : {false, true})
         for (bool ak : {false, true}) {
@@ -557,7 +560,7 @@ TEST(RelposFused, ProgramsCompileToCompactIr) {
                                   jit::relpos_key_grad_program(s)}) {
                 const auto compiled = jit::compile_kernel_cpu(k);
                 const std::size_t bytes = compiled->llvm_ir().size();
-                EXPECT_LT(bytes, 300'000u) << k.name << " aq " << aq << " ak " << ak;
+                EXPECT_LT(bytes, 400'000u) << k.name << " aq " << aq << " ak " << ak;
                 // The products still vectorise along their contiguous index.
                 EXPECT_NE(compiled->llvm_ir().find("x float>"), std::string::npos) << k.name;
             }
