@@ -4,10 +4,12 @@
 // reference's messages for bad labels.
 #include "ir/interpreter.hpp"
 #include "jit/cpu_jit.hpp"
+#include "jit/segmented.hpp"
 #include "runtime/parallel.hpp"
 #include "tests/support/program.hpp"
 #include "tests/support/testing.hpp"
 
+#include <cmath>
 #include <cstring>
 
 namespace rag {
@@ -72,25 +74,89 @@ ir::Function cross_entropy_fn(const Schema& z, DType label_t) {
 }
 
 TEST(CompiledCrossEntropy, LossAndGradientMatchTheReferenceOnEveryThreadCount) {
-    const std::int64_t K = 37; // not a multiple of the vector width: the tail runs too
-    for (DType t : {DType::f32, DType::f64})
-        for (DType lt : {DType::i32, DType::i64})
-            for (const char* axes : {"~N, 37", "~N, 3, 37", "~N, ~M, 37"}) {
-                SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::string(dtype_name(lt)) + " " +
-                             axes);
-                ir::Function f = cross_entropy_fn(batched(t, axes), lt);
-                EXPECT_EQ(jit::print(jit::compile_cpu(f)->plan(), f),
-                          "nn        %2 = cross_entropy\nnn        %4 = cross_entropy_grad\n");
-                auto z = random_for(f.type(f.inputs[0]), {3, 0, 70, 1, 17}, -8.0, 8.0);
-                auto y = labels_for(z, lt, K);
-                auto g = RaggedTensor::dense(DenseArray::from_f64(t, {}, {1.7}));
-                auto got = run_on_thread_counts(f, {z, y, g});
-                auto want = ir::interpret(f, {z, y, g});
-                const double tol = t == DType::f32 ? 1e-6 : 1e-12;
-                EXPECT_NEAR(got[0].item(), want[0].item(), tol * std::abs(want[0].item()));
-                EXPECT_TRUE(got[1].structure().same_as(want[1].structure()));
-                EXPECT_LE(rel_l2(got[1], want[1]), tol);
+    // 37: not a multiple of the vector width, so the tail runs too; 4 and 1: narrow rows, which
+    // run transposed (jit/segmented.cpp, narrow_rows_typed) with 70 rows: a full block of 64
+    // and a partial one.
+    for (std::int64_t K : {37, 4, 1})
+        for (DType t : {DType::f32, DType::f64})
+            for (DType lt : {DType::i32, DType::i64})
+                for (const char* inner : {"", "3, ", "~M, "}) {
+                    const std::string axes = "~N, " + std::string(inner) + std::to_string(K);
+                    SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::string(dtype_name(lt)) +
+                                 " " + axes);
+                    ir::Function f = cross_entropy_fn(batched(t, axes), lt);
+                    EXPECT_EQ(jit::print(jit::compile_cpu(f)->plan(), f),
+                              "nn        %2 = cross_entropy\nnn        %4 = cross_entropy_grad\n");
+                    auto z = random_for(f.type(f.inputs[0]), {3, 0, 70, 1, 17}, -8.0, 8.0);
+                    auto y = labels_for(z, lt, K);
+                    auto g = RaggedTensor::dense(DenseArray::from_f64(t, {}, {1.7}));
+                    auto got = run_on_thread_counts(f, {z, y, g});
+                    auto want = ir::interpret(f, {z, y, g});
+                    const double tol = t == DType::f32 ? 1e-6 : 1e-12;
+                    EXPECT_NEAR(got[0].item(), want[0].item(), tol * std::abs(want[0].item()));
+                    EXPECT_TRUE(got[1].structure().same_as(want[1].structure()));
+                    EXPECT_LE(rel_l2(got[1], want[1]), tol);
+                }
+}
+
+// The row kernels cross_entropy and attention use, on narrow rows (transposed blocks) and wide
+// ones, with the reference's rules for special values: the shift is the max over non-NaN
+// entries when finite, a NaN poisons its row, a row of -inf has logsumexp -inf.
+TEST(RowKernels, NarrowAndWideRowsFollowTheReferenceOnSpecialValues) {
+    const double inf = INFINITY, nan = NAN;
+    for (std::int64_t width : {3, 4, 15, 16, 20}) {
+        SCOPED_TRACE(width);
+        const std::int64_t rows = 70;
+        std::vector<double> x(std::size_t(rows * width));
+        for (std::size_t k = 0; k < x.size(); ++k) x[k] = double(int(k * 37 % 23)) - 11.0;
+        for (std::int64_t c = 0; c < width; ++c) x[std::size_t(5 * width + c)] = -inf;
+        x[std::size_t(6 * width + 1)] = nan;
+        x[std::size_t(7 * width + 2)] = inf;
+        x[std::size_t(8 * width)] = -inf;
+        for (DType t : {DType::f32, DType::f64}) {
+            std::vector<double> lse(static_cast<std::size_t>(rows)), p(x.size());
+            if (t == DType::f64) {
+                jit::logsumexp_rows(t, x.data(), lse.data(), rows, width);
+                jit::softmax_rows(t, x.data(), p.data(), rows, width, false);
+            } else {
+                std::vector<float> xf(x.begin(), x.end()), lf(lse.size()), pf(p.size());
+                jit::logsumexp_rows(t, xf.data(), lf.data(), rows, width);
+                jit::softmax_rows(t, xf.data(), pf.data(), rows, width, false);
+                lse.assign(lf.begin(), lf.end());
+                p.assign(pf.begin(), pf.end());
             }
+            for (std::int64_t r = 0; r < rows; ++r) {
+                const double* row = x.data() + r * width;
+                double mx = -inf, sum = 0;
+                bool has_nan = false;
+                for (std::int64_t c = 0; c < width; ++c) {
+                    has_nan |= std::isnan(row[c]);
+                    if (!std::isnan(row[c])) mx = std::max(mx, row[c]);
+                }
+                const double shift = std::isfinite(mx) ? mx : 0.0;
+                for (std::int64_t c = 0; c < width; ++c) sum += std::exp(row[c] - shift);
+                const double want = shift + std::log(sum);
+                const double got = lse[std::size_t(r)];
+                SCOPED_TRACE(std::string(dtype_name(t)) + " row " + std::to_string(r));
+                if (std::isnan(want) || has_nan) {
+                    EXPECT_TRUE(std::isnan(got)) << got;
+                } else if (std::isinf(want)) {
+                    EXPECT_EQ(got, want);
+                } else {
+                    EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want)));
+                }
+                for (std::int64_t c = 0; c < width; ++c) {
+                    const double pw = std::exp(row[c] - shift) / sum;
+                    const double pg = p[std::size_t(r * width + c)];
+                    if (std::isnan(pw)) {
+                        EXPECT_TRUE(std::isnan(pg)) << c;
+                    } else {
+                        EXPECT_NEAR(pg, pw, 1e-6) << c;
+                    }
+                }
+            }
+        }
+    }
 }
 
 TEST(CompiledCrossEntropy, NoPositionsGiveZero) {
