@@ -1,7 +1,7 @@
 // Golden tests: malformed and ill-typed programs with their exact diagnostics
 // (tests/golden/errors/NAME.rag -> NAME.expected), and the IR of the examples
-// (tests/golden/ir/FILE.FN.ir) and its CPU plan (FILE.FN.plan). `RAG_UPDATE_GOLDEN=1 ./dev test` rewrites the expectations;
-// review the diff before committing.
+// (tests/golden/ir/FILE.FN.ir) and its CPU plan (FILE.FN.plan). `RAG_UPDATE_GOLDEN=1 ./dev test`
+// rewrites the expectations; review the diff before committing.
 #include "dsl/module.hpp"
 #include "tests/support/testing.hpp"
 
@@ -67,7 +67,8 @@ TEST(Golden, ExampleIr) {
     for (auto [file, fn] : cases) {
         auto m = Module::load((root / "examples" / (std::string(file) + ".rag")).string());
         expect_golden(root / "tests/golden/ir" / (std::string(file) + "." + fn + ".ir"), m->ir(fn));
-        expect_golden(root / "tests/golden/ir" / (std::string(file) + "." + fn + ".plan"), m->plan(fn));
+        expect_golden(root / "tests/golden/ir" / (std::string(file) + "." + fn + ".plan"),
+                      m->plan(fn));
     }
 }
 

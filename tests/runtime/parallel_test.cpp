@@ -1,6 +1,6 @@
 // parallel_for: every index exactly once in chunks of at least `grain`, the same chunks for a
-// given (n, grain) whatever the thread count, exceptions reach the caller, and calls nested inside a chunk or
-// made from several threads at once complete.
+// given (n, grain) whatever the thread count, exceptions reach the caller, and calls nested inside
+// a chunk or made from several threads at once complete.
 #include "runtime/parallel.hpp"
 
 #include <gtest/gtest.h>
