@@ -29,19 +29,30 @@ struct DropoutRun {
 std::vector<DropoutRun> dropout_runs(const Structure& st, std::int64_t len);
 // The per-sample position of shared_axis among x's axes.
 int dropout_shared_axis(const RaggedTensor& x, const Attrs& at);
+// The counter weights of a sample of `rank` axes: element idx of sample i has counter
+// i place + sum_b idx_b w_b (mod 2^64), w_b = 2^(20 (rank - 1 - b)) and 0 on the shared axis
+// (-1: none), place = 2^(20 rank): 20-bit digits.
+struct DropoutWeights {
+    std::vector<std::uint64_t> w;
+    std::uint64_t place = 1;
+};
+inline DropoutWeights dropout_weights(std::size_t rank, int shared) {
+    DropoutWeights d;
+    d.w.resize(rank);
+    for (std::size_t b = rank; b-- > 0;) {
+        d.w[b] = int(b) == shared ? 0 : d.place;
+        d.place <<= 20;
+    }
+    return d;
+}
+
 // Calls f(packed offset, counter) for each element of run r, in order. The 20-bit digits make
-// the counter linear in the index, k = i w_i + sum_b idx_b w_b (mod 2^64) with
-// w_b = 2^(20 (rank - 1 - b)) and 0 on the shared axis, so stepping an odometer adds weights.
+// the counter linear in the index (dropout_weights), so stepping an odometer adds weights.
 template <class F>
 void for_each_dropout_counter(const Structure& st, int shared, const DropoutRun& r, F&& f) {
     const kern::SampleView v = kern::sample_view(st, r.sample);
     const std::size_t rank = v.shape.size();
-    std::vector<std::uint64_t> w(rank);
-    std::uint64_t place = 1;
-    for (std::size_t b = rank; b-- > 0;) {
-        w[b] = int(b) == shared ? 0 : place;
-        place <<= 20;
-    }
+    const auto [w, place] = dropout_weights(rank, shared);
     std::vector<std::int64_t> idx(rank, 0);
     std::uint64_t c = std::uint64_t(r.sample) * place;
     std::int64_t off = v.base;

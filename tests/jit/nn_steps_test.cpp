@@ -195,7 +195,8 @@ TEST(CompiledDropout, BitwiseTheReferenceOnEveryThreadCount) {
     for (DType t : {DType::f32, DType::f64})
         for (auto [axes, shared] :
              {std::pair{"~N, 40", -1}, std::pair{"~N, ~N, 6", 1}, std::pair{"~N, ~N, 6", 2},
-              std::pair{"~N, 3, ~M", -1}, std::pair{"~N, 3, ~M", 2}}) {
+              std::pair{"~N, ~N, 6", 3}, std::pair{"~N, 40", 1}, std::pair{"~N, 3, ~M", -1},
+              std::pair{"~N, 3, ~M", 2}, std::pair{"~N, 3, ~M", 3}}) {
             SCOPED_TRACE(std::string(dtype_name(t)) + " " + axes + " shared " +
                          std::to_string(shared));
             ir::Function f;
