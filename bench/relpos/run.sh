@@ -28,6 +28,7 @@ if [ -n "$dirty" ] && [ "${RELPOS_ALLOW_DIRTY:-0}" != 1 ]; then
 fi
 [ -x "$bench" ] || { echo "run.sh: no $bench; run ./dev build" >&2; exit 1; }
 start=$(date +%s)
+commit=$(git rev-parse --short HEAD)  # the commit measured, not the one at the end
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 EXTRA=(${RELPOS_BENCH_ARGS:-})
 # rag's fused kernels get a longer cap, so that every map reaches N = 8192 (TXL's identity map
@@ -52,7 +53,7 @@ cat >"$tmp/header.md" <<EOF
 # Relative-position attention on the CPU (issue 6)
 
 Produced by \`${RELPOS_BENCH_ARGS:+RELPOS_BENCH_ARGS=\"$RELPOS_BENCH_ARGS\" }bench/relpos/run.sh${1:+ $1}\` in ${elapsed} s on $(date -u +%Y-%m-%d), $(nproc) cores
-($(lscpu | sed -n 's/^Model name: *//p' | head -1)), git $(git rev-parse --short HEAD)${dirty:+ + uncommitted changes (RELPOS_ALLOW_DIRTY=1: not a result)}.
+($(lscpu | sed -n 's/^Model name: *//p' | head -1)), git $commit${dirty:+ + uncommitted changes (RELPOS_ALLOW_DIRTY=1: not a result)}.
 Load average at the start: $load_start; at the end: $(cut -d' ' -f1-3 /proc/loadavg) (other jobs on the machine make times noisy).
 $peers_note
 
