@@ -72,6 +72,8 @@ std::string type_str(const ast::TypeExpr& t) {
     switch (t.kind) {
     case ast::TypeExpr::Kind::named:
         return t.name;
+    case ast::TypeExpr::Kind::function:
+        return "fn";
     case ast::TypeExpr::Kind::tuple: {
         std::string s = "(";
         for (std::size_t k = 0; k < t.elems.size(); ++k)
@@ -181,7 +183,11 @@ Value to_value(py::handle obj, const ast::TypeExpr& decl, Binding& bind,
     }
     switch (decl.kind) {
     case ast::TypeExpr::Kind::named:
-        fail(what, ": unknown type '", decl.name, "'");
+        fail(what, ": ", decl.name,
+             " is a type parameter of a generic function; call it from a rag function");
+    case ast::TypeExpr::Kind::function:
+        fail(what, ": a function (fn) cannot be passed from Python; call this function from a "
+                   "rag function that names the fn to pass");
     case ast::TypeExpr::Kind::tuple: {
         if (!py::isinstance<py::tuple>(obj) && !py::isinstance<py::list>(obj))
             fail(what, ": expected a tuple ", type_str(decl), ", got ", type_name(obj));

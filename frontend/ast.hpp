@@ -30,9 +30,10 @@ struct DimExpr {
 
 struct TypeExpr {
     enum class Kind {
-        tensor, // dtype[dims]: `f32[B, ~N, 384]`, `f32[]`, `T[B, ~N, C]` (T a type parameter)
-        named,  // a params group: `PairBlock`
-        tuple   // `(f32[], PairBlock)`
+        tensor,  // dtype[dims]: `f32[B, ~N, 384]`, `f32[]`, `T[B, ~N, C]` (T a type parameter)
+        named,   // a params group: `PairBlock`
+        tuple,   // `(f32[], PairBlock)`
+        function // `fn`: a function passed by name (`loss: fn`), bound where the call is inlined
     } kind = Kind::tensor;
     // tensor: "f32", ... or a type parameter name. The same syntax names params types:
     // `Layer[4]` (an array), `Adam[Model]`, `Linear[384, 128]` (a group with sizes).
@@ -67,6 +68,7 @@ struct IndexItem {
 
 struct Arg {
     std::string keyword; // empty: positional
+    bool spread = false; // `*data`: the elements of a tuple, as positional arguments
     ExprPtr value;
     Span span;
 };

@@ -127,8 +127,9 @@ std::string to_sexpr(const ast::Expr& e) {
     }
     for (const auto& o : e.operands) s += " " + expr(o);
     for (const auto& a : e.args)
-        s += a.keyword.empty() ? " " + expr(a.value)
-                               : " (kw " + a.keyword + " " + expr(a.value) + ")";
+        s += a.spread            ? " (spread " + expr(a.value) + ")"
+             : a.keyword.empty() ? " " + expr(a.value)
+                                 : " (kw " + a.keyword + " " + expr(a.value) + ")";
     for (const auto& i : e.items) s += " " + item(i);
     if (e.kind == K::member) s += " " + e.name;
     return s + ")";
@@ -156,6 +157,8 @@ std::string to_sexpr(const ast::TypeExpr& t) {
     }
     case ast::TypeExpr::Kind::named:
         return t.name;
+    case ast::TypeExpr::Kind::function:
+        return "fn";
     case ast::TypeExpr::Kind::tuple: {
         std::string s = "(tuple";
         for (const auto& e : t.elems) s += " " + to_sexpr(e);

@@ -30,6 +30,10 @@ Args match(Lowerer& L, const ast::Expr& call, const std::string& fname,
         names.push_back(s.back() == '?' ? s.substr(0, s.size() - 1) : s);
     }
     for (const auto& a : call.args) {
+        if (a.spread)
+            L.error(a.span, "*: spreading a tuple into arguments works for functions defined "
+                            "with fn; builtin " +
+                                fname + " takes its arguments one by one");
         if (a.keyword.empty()) {
             if (pos < names.size())
                 out.named[names[pos++]] = a.value.get();
@@ -144,26 +148,34 @@ LV make_grad(Lowerer& L, const ast::Expr& call, bool with_value) {
     const std::string name = with_value ? "value_and_grad" : "grad";
     Args a = match(L, call, name, {"f", "wrt"});
     const ast::Expr& f = *a.get("f");
-    auto [fn, _] = L.program().find_fn(f.kind == ast::Expr::Kind::name ? f.name : "");
-    if (!fn) L.error(f.span, name + " needs the name of a function defined with fn");
-    const ast::Expr& w = *a.get("wrt");
-    LV out;
-    out.kind = LV::Kind::function;
-    out.name = fn->name;
+    // A top-level fn, or a function passed to this one (`loss: fn`).
+    std::optional<LV> fv;
+    if (f.kind == ast::Expr::Kind::name) fv = L.function_value(f.name);
+    if (!fv || fv->grad_wrt >= 0)
+        L.error(f.span, name + " needs the name of a function defined with fn");
+    const ast::FnDecl* fn = fv->fn;
+    LV out = *fv;
     out.with_value = with_value;
-    if (w.kind == ast::Expr::Kind::integer) {
-        if (w.ival < 0 || std::size_t(w.ival) >= fn->params.size())
-            L.error(w.span, fn->name + " has no parameter " + std::to_string(w.ival));
-        out.grad_wrt = int(w.ival);
+    const ast::Expr& w = *a.get("wrt");
+    const auto n = std::int64_t(fn->params.size());
+    // An integer counts parameters from the first (0) or, negative, from the last (-1): a
+    // generic training step differentiates a loss it knows only by its last argument.
+    const bool negative =
+        w.kind == ast::Expr::Kind::unary && w.operands[0]->kind == ast::Expr::Kind::integer;
+    if (w.kind == ast::Expr::Kind::integer || negative) {
+        const std::int64_t k = negative ? n - w.operands[0]->ival : w.ival;
+        if (k < 0 || k >= n)
+            L.error(w.span, fn->name + " has no parameter " +
+                                std::to_string(negative ? -w.operands[0]->ival : w.ival) +
+                                " (it has " + std::to_string(n) + ")");
+        out.grad_wrt = int(k);
     } else if (w.kind == ast::Expr::Kind::name) {
         for (std::size_t k = 0; k < fn->params.size(); ++k)
             if (fn->params[k].name == w.name) out.grad_wrt = int(k);
         if (out.grad_wrt < 0) L.error(w.span, fn->name + " has no parameter '" + w.name + "'");
     } else {
-        L.error(w.span, "wrt must name a parameter of " + fn->name);
+        L.error(w.span, "wrt must name a parameter of " + fn->name + " or give its position");
     }
-    if (out.grad_wrt < 0 || std::size_t(out.grad_wrt) >= fn->params.size())
-        L.error(w.span, fn->name + " has no parameter " + std::to_string(out.grad_wrt));
     return out;
 }
 

@@ -116,6 +116,8 @@ std::string type_str(const ast::TypeExpr& t) {
     }
     case ast::TypeExpr::Kind::named:
         return t.name;
+    case ast::TypeExpr::Kind::function:
+        return "fn";
     case ast::TypeExpr::Kind::tuple: {
         std::string s = "(";
         for (std::size_t k = 0; k < t.elems.size(); ++k)
@@ -134,7 +136,12 @@ VType declared_vtype(const Program& prog, const ast::TypeExpr& t,
                           "to the arguments' params types)");
     switch (t.kind) {
     case ast::TypeExpr::Kind::named:
-        fail("unknown type '", t.name, "'");
+        fail("type parameter ", t.name,
+             " has no concrete type here; call the function instead (it binds to the argument's "
+             "type)");
+    case ast::TypeExpr::Kind::function:
+        fail("a function parameter (fn) has no value here; call the function from another one, "
+             "passing a fn by name");
     case ast::TypeExpr::Kind::tuple: {
         VType v{VType::Kind::tuple, {}, {}, {}, {}};
         for (const auto& e : t.elems) v.elems.push_back(declared_vtype(prog, e, batch));
@@ -261,9 +268,24 @@ std::string match_type(const Program& prog, const VType& actual, const ast::Type
         return actual.kind == VType::Kind::record && actual.record == *r ? "" : mismatch;
     if (prog.sized_group(decl))
         return match_sizes(actual, decl, b) ? "" : mismatch_sizes(b, mismatch);
+    if (decl.kind == ast::TypeExpr::Kind::tensor && decl.dtype == "Adam" && decl.dims.size() == 1 &&
+        !decl.array && decl.dims[0].kind == ast::DimExpr::Kind::symbolic) {
+        // `Adam[P]` with P a type parameter: the state of whatever params type P stands for.
+        const std::string& r = actual.record;
+        if (actual.kind != VType::Kind::record || r.rfind("Adam[", 0) != 0) return mismatch;
+        const std::string& p = decl.dims[0].name;
+        auto [it, fresh] = b.types.emplace(p, prog.record_type(r.substr(5, r.size() - 6)));
+        if (fresh || it->second == prog.record_type(r.substr(5, r.size() - 6))) return "";
+        return mismatch + " (" + p + " is " + it->second.str() + " here)";
+    }
     switch (decl.kind) {
-    case ast::TypeExpr::Kind::named:
-        return "unknown type '" + decl.name + "'";
+    case ast::TypeExpr::Kind::named: { // a type parameter (validate() rejects unknown names)
+        auto [it, fresh] = b.types.emplace(decl.name, actual);
+        if (fresh || it->second == actual) return "";
+        return mismatch + " (" + decl.name + " is " + it->second.str() + " here)";
+    }
+    case ast::TypeExpr::Kind::function:
+        return mismatch; // call_fn binds functions before matching
     case ast::TypeExpr::Kind::tuple:
         if (actual.kind != VType::Kind::tuple || actual.elems.size() != decl.elems.size())
             return mismatch;
@@ -833,6 +855,16 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
         const ast::Param& p = fn.params[k];
         LV a = args[k];
         if (a.kind == LV::Kind::error) throw Abandon{};
+        const bool fn_param = p.type.kind == ast::TypeExpr::Kind::function;
+        if (fn_param != (a.kind == LV::Kind::function))
+            error(at, fn.name + ": argument " + p.name + ": expected " + type_str(p.type) +
+                          ", got " + (fn_param ? type_of(a).str() : "a function"));
+        if (fn_param) {
+            inner.scopes_.back()[p.name] = a;
+            key += a.name + "/" + std::to_string(a.grad_wrt) + (a.with_value ? "v" : "") + "@" +
+                   std::to_string(reinterpret_cast<std::uintptr_t>(a.fn)) + ";";
+            continue;
+        }
         if (a.kind == LV::Kind::number && p.type.kind == ast::TypeExpr::Kind::tensor) {
             auto dt = parse_dtype(p.type.dtype);
             auto it = bound.dtypes.find(p.type.dtype);
@@ -844,9 +876,7 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
         if (!msg.empty()) error(at, fn.name + ": argument " + p.name + ": " + msg);
         inner.scopes_.back()[p.name] = a;
         for (int id : flatten(a)) key += std::to_string(id) + ",";
-        key += a.kind == LV::Kind::function
-                   ? a.name + "/" + std::to_string(a.grad_wrt) + (a.with_value ? "v" : "") + ";"
-                   : ";";
+        key += ";";
     }
     if (auto hit = memo_->results.find({&fn, key}); hit != memo_->results.end()) return hit->second;
     // A dimension or size name bound to a static extent is that integer in the body
@@ -956,8 +986,8 @@ void Lowerer::loop(const ast::Stmt& st) {
 }
 
 LV Lowerer::apply_grad(const LV& f, const std::vector<LV>& args, Span at) {
-    auto [fn, file] = prog_.find_fn(f.name);
-    if (!fn) error(at, "unknown function " + f.name);
+    const ast::FnDecl* fn = f.fn;
+    const SourceFile* file = f.fn_file;
     if (std::size_t(f.grad_wrt) >= args.size())
         error(at, f.name + " is differentiated with respect to argument " +
                       std::to_string(f.grad_wrt) + " but is called with " +
@@ -1031,12 +1061,7 @@ LV Lowerer::expr(const ast::Expr& e) {
             if (v->kind == LV::Kind::error) throw Abandon{};
             return *v;
         }
-        if (prog_.find_fn(e.name).first) {
-            LV f;
-            f.kind = LV::Kind::function;
-            f.name = e.name;
-            return f;
-        }
+        if (auto f = function_value(e.name)) return *f;
         if (find_builtin(e.name))
             error(e.span, "builtin " + e.name + " must be called: " + e.name + "(...)");
         error(e.span, "unknown name '" + e.name + "'");
@@ -1176,11 +1201,32 @@ LV Lowerer::call(const ast::Expr& e) {
         if (!a.keyword.empty())
             error(a.span,
                   "keyword argument '" + a.keyword + "': user functions take positional arguments");
-        args.push_back(expr(*a.value));
+        LV v = expr(*a.value);
+        if (!a.spread) {
+            args.push_back(v);
+            continue;
+        }
+        if (v.kind != LV::Kind::tuple)
+            error(a.span, "*: spreads a tuple into arguments, got " + type_of(v).str());
+        args.insert(args.end(), v.elems.begin(), v.elems.end());
     }
     if (f.grad_wrt >= 0) return apply_grad(f, args, e.span);
-    auto [fn, file] = prog_.find_fn(f.name, file_);
-    return call_fn(*fn, file, args, e.span);
+    return call_fn(*f.fn, f.fn_file, args, e.span);
+}
+
+std::optional<LV> Lowerer::function_value(const std::string& name) {
+    if (LV* v = lookup(name)) {
+        if (v->kind == LV::Kind::function) return *v;
+        return std::nullopt;
+    }
+    auto [fn, file] = prog_.find_fn(name, file_);
+    if (!fn) return std::nullopt;
+    LV f;
+    f.kind = LV::Kind::function;
+    f.name = name;
+    f.fn = fn;
+    f.fn_file = file;
+    return f;
 }
 
 // ---- entry points -------------------------------------------------------------------------
@@ -1261,7 +1307,7 @@ void check(const Program& prog, Diagnostics& diags) {
 bool is_generic(const Program& prog, const ast::FnDecl& fn) {
     if (!fn.type_params.empty()) return true;
     std::function<bool(const ast::TypeExpr&)> sized = [&](const ast::TypeExpr& t) {
-        if (prog.sized_group(t)) return true;
+        if (prog.sized_group(t) || t.kind == ast::TypeExpr::Kind::function) return true;
         for (const auto& e : t.elems)
             if (sized(e)) return true;
         return false;

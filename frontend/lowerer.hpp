@@ -18,12 +18,20 @@ struct LV {
     std::string name;                               // record: params type; function: fn name
     std::vector<std::pair<std::string, LV>> fields; // record
     std::vector<LV> elems;                          // tuple
-    // function: a gradient transform of `name` when grad_wrt >= 0
+    // function: the fn `name` resolves to where it was named (a stdlib body that calls a
+    // function passed to it must not find a stdlib fn of the same name); a gradient transform
+    // of it when grad_wrt >= 0
+    const ast::FnDecl* fn = nullptr;
+    const SourceFile* fn_file = nullptr;
     int grad_wrt = -1;
     bool with_value = false;
 
-    static LV tensor(int id) { return {Kind::tensor, id, 0, {}, {}, {}, -1, false}; }
-    static LV number(double v) { return {Kind::number, -1, v, {}, {}, {}, -1, false}; }
+    static LV tensor(int id) {
+        return {Kind::tensor, id, 0, {}, {}, {}, nullptr, nullptr, -1, false};
+    }
+    static LV number(double v) {
+        return {Kind::number, -1, v, {}, {}, {}, nullptr, nullptr, -1, false};
+    }
     static LV error() { return {}; }
 };
 
@@ -33,7 +41,8 @@ struct Abandon {};
 // Dimension names bound while matching values against a signature.
 struct Bindings {
     std::map<std::string, Axis> dims;    // symbolic or ragged declared name -> actual axis
-    std::map<std::string, DType> dtypes; // type parameters
+    std::map<std::string, DType> dtypes; // type parameters in dtype position (`T[B, ~N]`)
+    std::map<std::string, VType> types;  // type parameters standing for a whole type (`p: P`)
     // At an entry point the arguments are relabelled with the declared ragged names, so any
     // ragged axis may bind to a declared name (extents are then checked per sample).
     bool relabel_ragged = false;
@@ -70,6 +79,8 @@ class Lowerer {
     Diagnostics& diags() { return diags_; }
     int depth() const { return depth_; }
     LV apply_grad(const LV& f, const std::vector<LV>& args, Span at);
+    // The function a name denotes here: a `fn`-typed argument, else a top-level fn.
+    std::optional<LV> function_value(const std::string& name);
     // Padded execution (frontend/padded.hpp): every op goes through the Padder.
     void set_padder(Padder* p) { padder_ = p; }
 

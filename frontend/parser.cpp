@@ -517,6 +517,8 @@ auto const arg_def =
     spanned[((ident >> x3::lit('=') >> !x3::lit('='))[act([](ArgNode& a, std::string& k) {
                  a.arg.keyword = std::move(k);
              })] > operand("an expression after '='", expr)[set_arg_value]) |
+            (x3::lit('*')[([](auto& ctx) { x3::_val(ctx).arg.spread = true; })] >
+             operand("a tuple to spread after '*'", expr)[set_arg_value]) |
             expr[set_arg_value]];
 
 auto const push_item =
@@ -603,8 +605,9 @@ auto const tuple_type = (x3::lit('(') > type[set]) >
                         -(x3::lit(',')[to_tuple_type] >>
                           -((type[push_type] % ',') >> -x3::lit(','))) >
                         named("')' to close the tuple type", ')');
+auto const fn_type = kw("fn")[([](auto& ctx) { x3::_val(ctx).kind = Type::function; })];
 auto const type_def =
-    spanned[deep{"!type nested too deeply"}[tensor_type | named_type | tuple_type]];
+    spanned[deep{"!type nested too deeply"}[fn_type | tensor_type | named_type | tuple_type]];
 
 // Statements. A `let` target is a name or a tuple of targets; `(a)` is a.
 auto const to_tuple_pattern = [](auto& ctx) {

@@ -69,6 +69,24 @@ std::string sizes_problem(const Program& prog, const ast::TypeExpr& t) {
     return "";
 }
 
+// A bare name in a signature (`p: P`) or in `Adam[P]` is a params group or one of the
+// function's type parameters; "" when `t` names nothing else.
+std::string unknown_type(const Program& prog, const ast::TypeExpr& t,
+                         const std::vector<std::string>& type_params) {
+    for (const auto& e : t.elems)
+        if (auto why = unknown_type(prog, e, type_params); !why.empty()) return why;
+    auto known = [&](const std::string& n) {
+        return prog.find_params(n) ||
+               std::find(type_params.begin(), type_params.end(), n) != type_params.end();
+    };
+    if (t.kind == ast::TypeExpr::Kind::named && !known(t.name))
+        return "unknown type '" + t.name + "'";
+    if (t.kind == ast::TypeExpr::Kind::tensor && t.dtype == "Adam" && t.dims.size() == 1 &&
+        t.dims[0].kind == ast::DimExpr::Kind::symbolic && !known(t.dims[0].name))
+        return "unknown type '" + t.dims[0].name + "' in Adam[" + t.dims[0].name + "]";
+    return "";
+}
+
 // In `params Linear[I, O]`, a field's dimensions are integers or the sizes I, O.
 std::string unknown_size(const ast::ParamsDecl& p, const ast::TypeExpr& t) {
     for (const auto& e : t.elems)
@@ -177,10 +195,15 @@ void validate(const Program& prog, Diagnostics& diags) {
                                 file);
                 if (auto why = sizes_problem(prog, a.type); !why.empty())
                     diags.error(a.type.span, f.name + ": parameter '" + a.name + "': " + why, file);
+                else if (auto why = unknown_type(prog, a.type, f.type_params); !why.empty())
+                    diags.error(a.type.span, f.name + ": parameter '" + a.name + "': " + why, file);
             }
-            if (f.result)
+            if (f.result) {
                 if (auto why = sizes_problem(prog, *f.result); !why.empty())
                     diags.error(f.result->span, f.name + ": result: " + why, file);
+                else if (auto why = unknown_type(prog, *f.result, f.type_params); !why.empty())
+                    diags.error(f.result->span, f.name + ": result: " + why, file);
+            }
         }
     }
 }

@@ -134,6 +134,17 @@ TEST(ParserPrograms, TypesAndGenericSignature) {
     EXPECT_EQ(d[2].name, "H");
 }
 
+TEST(ParserPrograms, FunctionParametersAndWholeTypeParameters) {
+    Parsed p("fn step[P, D](loss: fn, data: D, p: P, s: Adam[P]) -> (f32[], P) {\n"
+             "    return value_and_grad(loss, wrt=-1)(*data, p)\n}\n");
+    EXPECT_EQ(p.diags.str(), "");
+    EXPECT_EQ(to_sexpr(p.module),
+              R"((fn step [P D] ((loss fn) (data D) (p P) (s Adam[P])) -> (tuple f32[] P)
+  (return (call (call value_and_grad loss (kw wrt (neg 1))) (spread data) p)))
+)");
+    EXPECT_EQ(p.module.fns[0].params[0].type.kind, ast::TypeExpr::Kind::function);
+}
+
 TEST(ParserPrograms, ExpressionsOfSection4) {
     EXPECT_EQ(sexpr("layernorm(x, g, b, eps=1e-5)"), "(call layernorm x g b (kw eps 1e-05))");
     EXPECT_EQ(sexpr("sum(x, axis=0)"), "(call sum x (kw axis 0))");
@@ -232,6 +243,8 @@ TEST(ParserExpr, CallsMembersTuples) {
     EXPECT_EQ(sexpr("value_and_grad(loss, wrt=p)(x, p)"),
               "(call (call value_and_grad loss (kw wrt p)) x p)");
     EXPECT_EQ(sexpr("sgd(p, g, lr=0.01)"), "(call sgd p g (kw lr 0.01))");
+    EXPECT_EQ(sexpr("loss(*data, p)"), "(call loss (spread data) p)");
+    EXPECT_EQ(sexpr("f(*(a, b), c * d)"), "(call f (spread (tuple a b)) (* c d))");
     EXPECT_EQ(sexpr("p.wu"), "(. p wu)");
     EXPECT_EQ(sexpr("f(x).a.b"), "(. (. (call f x) a) b)");
     EXPECT_EQ(sexpr("(a, b)"), "(tuple a b)");
@@ -303,6 +316,11 @@ TEST(ParserSpans, ParenthesesBelongToTheNode) {
 }
 
 TEST(ParserErrors, ExactDiagnostics) {
+    EXPECT_EQ(errors("fn f(x: f32[]) { return g(*) }"),
+              R"(t.rag:1:28: error: expected a tuple to spread after '*'
+    fn f(x: f32[]) { return g(*) }
+                               ^
+)");
     EXPECT_EQ(errors("fn f(x: f32[B) {}"),
               R"(t.rag:1:14: error: expected ']' to close the dimensions
     fn f(x: f32[B) {}
