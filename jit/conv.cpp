@@ -12,6 +12,7 @@
 
 #include "ir/ops/image_plan.hpp"
 #include "jit/blas.hpp"
+#include "jit/conv_kernels.hpp"
 #include "jit/placement.hpp"
 #include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace rag::jit {
 namespace {
@@ -51,6 +53,10 @@ std::int64_t block_rows(std::int64_t k, std::size_t elem) {
     return std::clamp<std::int64_t>(std::int64_t(262144 / (std::size_t(k) * elem)), 16, 1024);
 }
 
+// Pixels per block of the direct kernels: their pointer table and a weight gradient's part
+// stay small; 32 to 1024 ran within noise of each other (FCN widths, 2 threads).
+constexpr std::int64_t direct_rows = 128;
+
 struct Geometry {
     Window2d win;
     std::int64_t cout, cin, cig, cog, kh, kw;
@@ -72,8 +78,10 @@ Geometry geometry(const ir::Node& n, const RaggedTensor& w) {
 
 // The weight as, per group, [rows][kh kw cols] with element (r, tap, c) =
 // w[g cog + (fwd ? r : c)][fwd ? c : r][ky][kx]: forward rows are output channels, columns input
-// channels; backward the other way round.
-template <class T> std::vector<T> pack_weight(const Geometry& G, const T* w, bool fwd) {
+// channels; backward the other way round. k_major: per group [kh kw cols][rows] instead, the
+// direct kernel's layout (a vector of outputs per tap and channel).
+template <class T>
+std::vector<T> pack_weight(const Geometry& G, const T* w, bool fwd, bool k_major = false) {
     const std::int64_t rows = fwd ? G.cog : G.cig, cols = fwd ? G.cig : G.cog;
     const std::int64_t taps = G.kh * G.kw, k = taps * cols;
     std::vector<T> out(std::size_t(G.win.groups * rows * k));
@@ -82,52 +90,93 @@ template <class T> std::vector<T> pack_weight(const Geometry& G, const T* w, boo
             for (std::int64_t t = 0; t < taps; ++t)
                 for (std::int64_t c = 0; c < cols; ++c) {
                     const std::int64_t co = g * G.cog + (fwd ? r : c), ci = fwd ? c : r;
-                    out[std::size_t((g * rows + r) * k + t * cols + c)] =
-                        w[((co * G.cig + ci) * G.kh) * G.kw + t];
+                    const std::int64_t at =
+                        k_major ? (t * cols + c) * rows + r : r * k + t * cols + c;
+                    out[std::size_t(g * rows * k + at)] = w[((co * G.cig + ci) * G.kh) * G.kw + t];
                 }
     return out;
 }
 
-// Builds the panel of a block of destination pixels for group g: row p, tap t holds `cols`
-// source channels starting at g cols of the source pixel src(dest pixel, t), or zeros when there
-// is none. fwd: the source is the input read by an output pixel; else the output pixel that read
-// an input pixel.
+// For every pixel p of block b (of destination image D) and tap t, in order: table[p taps + t]
+// = the `cols` source channels from g cols on that the pixel reads at that tap, or `none`. fwd:
+// the source is the input an output pixel reads (none outside the image: zero padding); else
+// the output pixel that read an input pixel, for stride 1 only (strided_input_grad handles
+// strides). Source rows and columns are y m + offset(tap), so no division per tap.
 template <class T>
-void build_panel(const Geometry& G, bool fwd, const T* src, const Img& S, const Img& D,
-                 const Block& b, std::int64_t g, T* panel) {
-    const std::int64_t cols = fwd ? G.cig : G.cog, taps = G.kh * G.kw, k = taps * cols;
+void tap_table(const Geometry& G, bool fwd, const T* src, const Img& S, const Img& D,
+               const Block& b, std::int64_t g, const T* none, const T** table) {
     const Window &wh = G.win.h, &ww = G.win.w;
+    if (!fwd && (wh.s != 1 || ww.s != 1)) fail("internal: conv2d tap table of a strided gradient");
+    const std::int64_t mh = fwd ? wh.s : 1, mw = fwd ? ww.s : 1;
+    std::vector<std::int64_t> oy(std::size_t(G.kh)), ox(std::size_t(G.kw));
+    for (std::int64_t k = 0; k < G.kh; ++k)
+        oy[std::size_t(k)] = fwd ? k * wh.d - wh.lo : wh.lo - k * wh.d;
+    for (std::int64_t k = 0; k < G.kw; ++k)
+        ox[std::size_t(k)] = fwd ? k * ww.d - ww.lo : ww.lo - k * ww.d;
+    const T* base = src + S.base + g * (fwd ? G.cig : G.cog);
+    std::int64_t y = b.begin / D.w, x = b.begin % D.w;
     for (std::int64_t p = 0; p < b.count; ++p) {
-        const std::int64_t y = (b.begin + p) / D.w, x = (b.begin + p) % D.w;
-        T* row = panel + p * k;
-        for (std::int64_t ky = 0; ky < G.kh; ++ky)
+        for (std::int64_t ky = 0; ky < G.kh; ++ky) {
+            const std::int64_t sy = y * mh + oy[std::size_t(ky)];
+            const bool row = sy >= 0 && sy < S.h;
             for (std::int64_t kx = 0; kx < G.kw; ++kx) {
-                T* dst = row + (ky * G.kw + kx) * cols;
-                std::int64_t sy, sx;
-                bool ok;
-                if (fwd) {
-                    sy = wh.in(y, ky), sx = ww.in(x, kx);
-                    ok = true;
-                } else { // the output pixel o with o s - lo + t d = input position
-                    const std::int64_t ny = y + wh.lo - ky * wh.d, nx = x + ww.lo - kx * ww.d;
-                    ok = ny >= 0 && nx >= 0 && ny % wh.s == 0 && nx % ww.s == 0;
-                    sy = ny / wh.s, sx = nx / ww.s;
-                }
-                if (ok && sy >= 0 && sy < S.h && sx >= 0 && sx < S.w)
-                    std::memcpy(dst, src + S.base + (sy * S.w + sx) * S.c + g * cols,
-                                std::size_t(cols) * sizeof(T));
-                else
-                    std::fill(dst, dst + cols, T(0));
+                const std::int64_t sx = x * mw + ox[std::size_t(kx)];
+                *table++ = row && sx >= 0 && sx < S.w ? base + (sy * S.w + sx) * S.c : none;
             }
+        }
+        if (++x == D.w) x = 0, ++y;
     }
 }
 
-// Forward (fwd) or input gradient: dest[pixel, g rows + r] = panel x packed weight^T.
+// Builds the panel of a block of destination pixels for group g: row p, tap t holds the `cols`
+// channels tap_table finds, or zeros where it finds none.
 template <class T>
-void implicit_gemm(const Geometry& G, bool fwd, const T* src, const Structure& ss,
-                   const std::vector<T>& wp, T* dst, const Structure& ds) {
+void build_panel(const Geometry& G, bool fwd, const T* src, const Img& S, const Img& D,
+                 const Block& b, std::int64_t g, T* panel) {
+    const std::int64_t cols = fwd ? G.cig : G.cog, taps = G.kh * G.kw;
+    std::vector<const T*> table(std::size_t(b.count * taps));
+    tap_table<T>(G, fwd, src, S, D, b, g, nullptr, table.data());
+    for (std::size_t j = 0; j < table.size(); ++j) {
+        T* dst = panel + std::int64_t(j) * cols;
+        if (table[j])
+            std::memcpy(dst, table[j], std::size_t(cols) * sizeof(T));
+        else
+            std::fill(dst, dst + cols, T(0));
+    }
+}
+
+// Forward (fwd) or input gradient: dest[pixel, g rows + r] = panel x packed weight^T. In f32
+// with a multiple of the vector width of destination channels, the direct kernel reads the
+// source pixels through a table of row pointers (a zero row where a tap reads none) instead of
+// copying them into a panel for a BLAS GEMM, whose packing dominated at these narrow widths.
+template <class T>
+void implicit_gemm(const Geometry& G, bool fwd, const T* src, const Structure& ss, const T* w,
+                   T* dst, const Structure& ds) {
     const std::int64_t cols = fwd ? G.cig : G.cog, rows = fwd ? G.cog : G.cig;
-    const std::int64_t k = G.kh * G.kw * cols, dc = fwd ? G.cout : G.cin;
+    const std::int64_t taps = G.kh * G.kw, k = taps * cols, dc = fwd ? G.cout : G.cin;
+    if constexpr (std::is_same_v<T, float>) {
+        if (rows % conv_lanes() == 0) {
+            const std::vector<Block> bl = blocks(ds, direct_rows);
+            const ConvRows kernel = conv_rows_kernel();
+            const std::vector<T> wp = pack_weight(G, w, fwd, true);
+            const std::vector<T> zeros(std::size_t(cols), T(0));
+            parallel_for(std::int64_t(bl.size()), 1, [&](std::int64_t b0, std::int64_t b1) {
+                std::vector<const T*> table;
+                for (std::int64_t bi = b0; bi < b1; ++bi) {
+                    const Block& b = bl[std::size_t(bi)];
+                    const Img S = img(ss, b.sample), D = img(ds, b.sample);
+                    table.resize(std::size_t(b.count * taps));
+                    for (std::int64_t g = 0; g < G.win.groups; ++g) {
+                        tap_table(G, fwd, src, S, D, b, g, zeros.data(), table.data());
+                        kernel(b.count, taps, cols, rows, table.data(), wp.data() + g * rows * k,
+                               dst + D.base + b.begin * dc + g * rows, dc);
+                    }
+                }
+            });
+            return;
+        }
+    }
+    const std::vector<T> wp = pack_weight(G, w, fwd);
     const std::vector<Block> bl = blocks(ds, block_rows(k, sizeof(T)));
     parallel_for(std::int64_t(bl.size()), 1, [&](std::int64_t b0, std::int64_t b1) {
         std::vector<T> panel;
@@ -158,8 +207,8 @@ RaggedTensor forward(const ir::Node& n, const RaggedTensor& x, const RaggedTenso
              int(G.cin), T(1), in, int(G.cin), static_cast<const T*>(w.data()), int(G.cin), out,
              int(G.cout));
     else
-        implicit_gemm(G, true, in, x.structure(),
-                      pack_weight(G, static_cast<const T*>(w.data()), true), out, y.structure());
+        implicit_gemm(G, true, in, x.structure(), static_cast<const T*>(w.data()), out,
+                      y.structure());
     if (bias) {
         const T* bv = static_cast<const T*>(bias->data());
         const std::int64_t c = G.cout;
@@ -289,8 +338,8 @@ RaggedTensor input_grad(const ir::Node& n, const RaggedTensor& g, const RaggedTe
         strided_input_grad(G, gv, g.structure(), static_cast<const T*>(w.data()), out,
                            x.structure());
     else
-        implicit_gemm(G, false, gv, g.structure(),
-                      pack_weight(G, static_cast<const T*>(w.data()), false), out, x.structure());
+        implicit_gemm(G, false, gv, g.structure(), static_cast<const T*>(w.data()), out,
+                      x.structure());
     return dx;
 }
 
@@ -327,30 +376,47 @@ RaggedTensor weight_grad(const ir::Node& n, const RaggedTensor& g, const RaggedT
             std::fill_n(static_cast<T*>(dw.mutable_data()), dw.numel(), T(0));
         return dw;
     }
-    const std::int64_t k = G.kh * G.kw * G.cig; // packed [g][cog][k]
-    const std::vector<Block> bl = blocks(g.structure(), block_rows(k, sizeof(T)));
+    const std::int64_t taps = G.kh * G.kw, k = taps * G.cig;
+    // f32 with a multiple of the vector width of output channels per group: the direct kernel
+    // over a table of row pointers, sums [g][k][cog]; else a panel and a BLAS GEMM, [g][cog][k].
+    bool direct = false;
+    if constexpr (std::is_same_v<T, float>) direct = G.cog % conv_lanes() == 0;
+    const std::vector<Block> bl =
+        blocks(g.structure(), direct ? direct_rows : block_rows(k, sizeof(T)));
+    const ConvWeightRows kernel = direct ? conv_weight_rows_kernel() : nullptr;
+    const std::vector<T> zeros(std::size_t(G.cig), T(0));
     const std::vector<double> acc =
         fixed_order_sum(std::int64_t(bl.size()), G.cout * k, [&](std::int64_t bi, double* sum) {
             const Block& b = bl[std::size_t(bi)];
             const Img S = img(x.structure(), b.sample), D = img(g.structure(), b.sample);
-            std::vector<T> panel(std::size_t(b.count * k)), part(std::size_t(G.cog * k));
+            std::vector<T> part(std::size_t(G.cog * k));
             for (std::int64_t gr = 0; gr < G.win.groups; ++gr) {
+                const T* dy = gv + D.base + b.begin * G.cout + gr * G.cog;
+                double* s = sum + gr * G.cog * k;
+                if (direct) {
+                    std::vector<const T*> table(std::size_t(b.count * taps));
+                    tap_table(G, true, xv, S, D, b, gr, zeros.data(), table.data());
+                    if constexpr (std::is_same_v<T, float>)
+                        kernel(b.count, taps, G.cig, G.cog, table.data(), dy, G.cout, part.data());
+                    for (std::size_t j = 0; j < part.size(); ++j) s[j] += double(part[j]);
+                    continue;
+                }
+                std::vector<T> panel(std::size_t(b.count * k));
                 build_panel(G, true, xv, S, D, b, gr, panel.data());
                 gemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(G.cog), int(k), int(b.count),
-                     T(1), gv + D.base + b.begin * G.cout + gr * G.cog, int(G.cout), panel.data(),
-                     int(k), part.data(), int(k));
-                double* s = sum + gr * G.cog * k;
+                     T(1), dy, int(G.cout), panel.data(), int(k), part.data(), int(k));
                 for (std::size_t j = 0; j < part.size(); ++j) s[j] += double(part[j]);
             }
         });
     // [co][tap][ci] -> [co][ci][ky][kx]
     RaggedTensor dw = uninitialized(w.dtype(), w.structure_ptr());
     T* out = static_cast<T*>(dw.mutable_data());
-    const std::int64_t taps = G.kh * G.kw;
     for (std::int64_t co = 0; co < G.cout; ++co)
         for (std::int64_t t = 0; t < taps; ++t)
             for (std::int64_t ci = 0; ci < G.cig; ++ci)
-                out[(co * G.cig + ci) * taps + t] = T(acc[std::size_t(co * k + t * G.cig + ci)]);
+                out[(co * G.cig + ci) * taps + t] = T(
+                    acc[std::size_t(direct ? (co / G.cog * k + t * G.cig + ci) * G.cog + co % G.cog
+                                           : co * k + t * G.cig + ci)]);
     return dw;
 }
 

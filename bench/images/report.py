@@ -12,7 +12,7 @@ for line in open(sys.argv[1]):
         rows.append(r)
 print(f"# Image benchmark (issue 16)\n\ncommit {meta.get('commit')}"
       f"{' (dirty tree)' if meta.get('dirty') else ''}, {meta.get('date')}, {meta.get('cpu')}, "
-      f"{meta.get('threads')} threads, median of {meta.get('calls')} timed calls after a warm-up; "
+      f"{meta.get('threads')} threads, median of {meta.get('calls')} timed calls after a warm-up of at least 0.5 s; "
       f"load average {meta.get('loadavg_start')} -> {meta.get('loadavg_end')} (a shared, noisy "
       f"machine). B = 8; rag padded runs the FCN only (padded patches are numbered over the padded "
       f"grid, so the ViT cannot run padded).\n")

@@ -32,7 +32,7 @@ out.append(f"Commit `{meta.get('commit', '?')}`" + (" **DIRTY TREE**" if meta.ge
            f"torch {meta.get('torch')}. Load average at start {meta.get('loadavg_start')}, at "
            f"end {meta.get('loadavg_end')} (the 2 cores are shared with other agents' builds: "
            "timings are noisy). Command: `bench/text/run.sh`.")
-out += ["", f"Each cell: a warm-up call (it compiles), then up to {meta.get('calls')} timed "
+out += ["", f"Each cell: a warm-up call (it compiles) and more untimed calls until 0.5 s have passed, then up to {meta.get('calls')} timed "
         f"calls, stopping once {meta.get('budget_s')} s are spent but never under 3; ms = "
         "median of the timed calls (`timed_calls` in the jsonl). B = 64; rho = sum(N) / "
         "(B max N), the occupancy of the padded envelope.", ""]

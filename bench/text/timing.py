@@ -1,9 +1,13 @@
 """Timing and peak memory shared by every system's process (numpy only): a warm-up call (it
-also compiles), then up to `calls` timed calls, stopping early (never under 3) once `budget_s`
+also compiles), more untimed calls until WARMUP_S have passed since it began (a cold process
+on this machine ran its first ~0.1 s of steps up to 1.8x slower than later ones, whatever the
+system), then up to `calls` timed calls, stopping early (never under 3) once `budget_s`
 of timed calls are spent, as a padded CPU step can take minutes; the JSON records how many."""
 import time
 
 import numpy as np
+
+WARMUP_S = 0.5
 
 
 def status_kb(key):
@@ -25,6 +29,8 @@ def measure(step, calls, budget_s):
     t = time.perf_counter()
     loss0 = float(step())
     first = time.perf_counter() - t
+    while time.perf_counter() - t < WARMUP_S:
+        step()
     rss0 = status_kb("VmRSS:")
     reset_hwm()
     ms = []

@@ -55,10 +55,23 @@ POOLS = {
 EPS = 1e-6
 
 
-def conv_source(dt):
+# Channels in multiples of 16: the f32 steps run the direct kernel (jit/conv_kernels.cpp) for
+# the forward pass and stride-1 input gradients; images with full 8-pixel tiles and a tail.
+WIDE = {
+    "wide_same3": (16, 16, 3, 3, "padding=1", dict(pad=(1, 1, 1, 1)), True),
+    "wide_stem": (3, 32, 3, 3, "stride=2, padding=1", dict(stride=(2, 2), pad=(1, 1, 1, 1)),
+                  False),
+    "wide_groups": (32, 32, 3, 3, "padding=2, dilation=2, groups=2",
+                    dict(pad=(2, 2, 2, 2), dil=(2, 2), groups=2), True),
+    "wide_valid": (16, 48, 2, 3, "", dict(), False),
+}
+WIDE_SIZES = [(1, 1), (9, 11), (5, 3), (2, 7)]
+
+
+def conv_source(dt, table=CONVS):
     src = ""
-    for name, (ci, co, kh, kw, kwargs, _, bias) in CONVS.items():
-        g = dict(CONVS[name][5]).get("groups", 1)
+    for name, (ci, co, kh, kw, kwargs, _, bias) in table.items():
+        g = dict(table[name][5]).get("groups", 1)
         b = f", b: {dt}[{co}]" if bias else ""
         call = f"conv2d(x, w{', bias=b' if bias else ''}{', ' + kwargs if kwargs else ''})"
         args = f"x: {dt}[B, {ci}, ~H, ~W], w: {dt}[{co}, {ci // g}, {kh}, {kw}]{b}"
@@ -114,10 +127,10 @@ def batch(xs):
     return rag.ragged(xs, ragged_axes=[1, 2])
 
 
-def conv_inputs(name, rng):
-    ci, co, kh, kw, _, kw_ref, bias = CONVS[name]
+def conv_inputs(name, rng, table=CONVS, sizes=SIZES):
+    ci, co, kh, kw, _, kw_ref, bias = table[name]
     g = kw_ref.get("groups", 1)
-    xs = images(rng, ci)
+    xs = images(rng, ci, sizes)
     w = rng.standard_normal((co, ci // g, kh, kw)) * 0.5
     b = rng.standard_normal(co) if bias else None
     return xs, w, b
@@ -159,6 +172,31 @@ def test_conv2d_gradients_match_finite_differences(convs, name, tier):
     if b is not None:
         np.testing.assert_allclose(np.asarray(getattr(m, "db_" + name)(*args)), central(loss, b),
                                    rtol=1e-6, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def wide_convs():
+    return {dt: rag.compile(conv_source(dt, WIDE), f"wide_{dt}.rag") for dt in ("f64", "f32")}
+
+
+@pytest.mark.parametrize("name", list(WIDE))
+def test_wide_f32_convolutions_and_gradients_match_f64(wide_convs, name):
+    # The forward pass against the NumPy reference; the gradients against the f64 step (which
+    # the finite-difference tests above check), as the direct kernel only runs in f32.
+    rng = np.random.default_rng(7 + len(name))
+    xs, w, b = conv_inputs(name, rng, WIDE, WIDE_SIZES)
+    f32 = lambda a: None if a is None else a.astype(np.float32)  # noqa: E731
+    args32 = call_args(batch([f32(x) for x in xs]), f32(w), f32(b))
+    args64 = call_args(batch(xs), w, b)
+    m32, m64 = wide_convs["f32"], wide_convs["f64"]
+    for x, yi in zip(xs, getattr(m32, name)(*args32).to_list()):
+        want = ref.conv2d(x, w, b, **WIDE[name][5])
+        np.testing.assert_allclose(yi, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(initial=1))
+    for p in ("x", "w") + (("b",) if b is not None else ()):
+        got, want = (getattr(m, f"d{p}_{name}")(*a) for m, a in ((m32, args32), (m64, args64)))
+        got, want = ((v.to_list() if p == "x" else [np.asarray(v)]) for v in (got, want))
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4 * np.abs(e).max(initial=1), err_msg=p)
 
 
 def central(fun, arr):
