@@ -230,10 +230,15 @@ template <class T>
 void strided_input_grad(const Geometry& G, const T* gv, const Structure& gs, const T* w, T* dx,
                         const Structure& xs) {
     const Window &wh = G.win.h, &ww = G.win.w;
+    // f32 with a multiple of the vector width of input channels per group: the direct kernel on
+    // a table of gradient-row pointers, the weight per group [taps Cout/g][Cin/g].
+    bool direct = false;
+    if constexpr (std::is_same_v<T, float>) direct = G.cig % conv_lanes() == 0;
+    const std::vector<T> zeros(std::size_t(G.cog), T(0));
     struct Phase {
         std::int64_t ry, rx;
         std::vector<std::pair<std::int64_t, std::int64_t>> taps;
-        std::vector<T> wp; // per group [Cin/g][taps Cout/g]
+        std::vector<T> wp; // per group [Cin/g][taps Cout/g] (direct: [taps Cout/g][Cin/g])
     };
     std::vector<Phase> phases;
     for (std::int64_t ry = 0; ry < wh.s; ++ry)
@@ -249,8 +254,9 @@ void strided_input_grad(const Geometry& G, const T* gv, const Structure& gs, con
                 for (std::int64_t ci = 0; ci < G.cig; ++ci)
                     for (std::size_t t = 0; t < ph.taps.size(); ++t)
                         for (std::int64_t co = 0; co < G.cog; ++co)
-                            ph.wp[std::size_t((g * G.cig + ci) * k + std::int64_t(t) * G.cog +
-                                              co)] =
+                            ph.wp[std::size_t(
+                                direct ? (g * k + std::int64_t(t) * G.cog + co) * G.cig + ci
+                                       : (g * G.cig + ci) * k + std::int64_t(t) * G.cog + co)] =
                                 w[(((g * G.cog + co) * G.cig + ci) * G.kh + ph.taps[t].first) *
                                       G.kw +
                                   ph.taps[t].second];
@@ -278,40 +284,49 @@ void strided_input_grad(const Geometry& G, const T* gv, const Structure& gs, con
         }
     parallel_for(std::int64_t(blocks.size()), 1, [&](std::int64_t b0, std::int64_t b1) {
         std::vector<T> panel, out;
+        std::vector<const T*> table;
         for (std::int64_t bi = b0; bi < b1; ++bi) {
             const Blk& b = blocks[std::size_t(bi)];
             const Phase& ph = phases[std::size_t(b.phase)];
             const Img X = img(xs, b.sample), Y = img(gs, b.sample);
             const std::int64_t nt = std::int64_t(ph.taps.size()), k = nt * G.cog;
             const std::int64_t y0 = first(ph.ry, wh), x0 = first(ph.rx, ww);
-            panel.resize(std::size_t(b.count * k));
+            table.resize(std::size_t(b.count * nt));
             out.resize(std::size_t(b.count * G.cig));
             for (std::int64_t g = 0; g < G.win.groups; ++g) {
+                // The gradient row each tap of each pixel reads, or none.
                 for (std::int64_t p = 0; p < b.count; ++p) {
                     const std::int64_t y = y0 + (b.begin + p) / b.nx * wh.s;
                     const std::int64_t x = x0 + (b.begin + p) % b.nx * ww.s;
                     for (std::int64_t t = 0; t < nt; ++t) {
-                        T* dst = panel.data() + p * k + t * G.cog;
-                        const std::int64_t oy =
-                            (y + wh.lo - ph.taps[std::size_t(t)].first * wh.d) / wh.s;
-                        const std::int64_t ox =
-                            (x + ww.lo - ph.taps[std::size_t(t)].second * ww.d) / ww.s;
-                        const bool ok = y + wh.lo - ph.taps[std::size_t(t)].first * wh.d >= 0 &&
-                                        x + ww.lo - ph.taps[std::size_t(t)].second * ww.d >= 0 &&
-                                        oy < Y.h && ox < Y.w;
-                        if (ok)
-                            std::memcpy(dst, gv + Y.base + (oy * Y.w + ox) * Y.c + g * G.cog,
-                                        std::size_t(G.cog) * sizeof(T));
+                        const std::int64_t ny = y + wh.lo - ph.taps[std::size_t(t)].first * wh.d;
+                        const std::int64_t nx = x + ww.lo - ph.taps[std::size_t(t)].second * ww.d;
+                        const std::int64_t oy = ny / wh.s, ox = nx / ww.s;
+                        table[std::size_t(p * nt + t)] =
+                            ny >= 0 && nx >= 0 && oy < Y.h && ox < Y.w
+                                ? gv + Y.base + (oy * Y.w + ox) * Y.c + g * G.cog
+                                : (direct ? zeros.data() : nullptr);
+                    }
+                }
+                if (k == 0) {
+                    std::fill(out.begin(), out.end(), T(0));
+                } else if (direct) {
+                    if constexpr (std::is_same_v<T, float>)
+                        conv_rows_kernel()(b.count, nt, G.cog, G.cig, table.data(),
+                                           ph.wp.data() + g * G.cig * k, out.data(), G.cig);
+                } else {
+                    panel.resize(std::size_t(b.count * k));
+                    for (std::size_t j = 0; j < table.size(); ++j) {
+                        T* dst = panel.data() + std::int64_t(j) * G.cog;
+                        if (table[j])
+                            std::memcpy(dst, table[j], std::size_t(G.cog) * sizeof(T));
                         else
                             std::fill(dst, dst + G.cog, T(0));
                     }
-                }
-                if (k > 0)
                     gemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b.count), int(G.cig), int(k),
                          T(1), panel.data(), int(k), ph.wp.data() + g * G.cig * k, int(k),
                          out.data(), int(G.cig));
-                else
-                    std::fill(out.begin(), out.end(), T(0));
+                }
                 for (std::int64_t p = 0; p < b.count; ++p) {
                     const std::int64_t y = y0 + (b.begin + p) / b.nx * wh.s;
                     const std::int64_t x = x0 + (b.begin + p) % b.nx * ww.s;

@@ -56,7 +56,8 @@ EPS = 1e-6
 
 
 # Channels in multiples of 16: the f32 steps run the direct kernel (jit/conv_kernels.cpp) for
-# the forward pass and stride-1 input gradients; images with full 8-pixel tiles and a tail.
+# the forward pass, input gradients (strided too) and weight gradients; images with full
+# 8-pixel tiles and a tail.
 WIDE = {
     "wide_same3": (16, 16, 3, 3, "padding=1", dict(pad=(1, 1, 1, 1)), True),
     "wide_stem": (3, 32, 3, 3, "stride=2, padding=1", dict(stride=(2, 2), pad=(1, 1, 1, 1)),
@@ -64,6 +65,8 @@ WIDE = {
     "wide_groups": (32, 32, 3, 3, "padding=2, dilation=2, groups=2",
                     dict(pad=(2, 2, 2, 2), dil=(2, 2), groups=2), True),
     "wide_valid": (16, 48, 2, 3, "", dict(), False),
+    "wide_strided": (32, 32, 3, 3, "stride=2, padding=1, groups=2",
+                     dict(stride=(2, 2), pad=(1, 1, 1, 1), groups=2), True),
 }
 WIDE_SIZES = [(1, 1), (9, 11), (5, 3), (2, 7)]
 
