@@ -114,17 +114,36 @@ void tap_table(const Geometry& G, bool fwd, const T* src, const Img& S, const Im
     for (std::int64_t k = 0; k < G.kw; ++k)
         ox[std::size_t(k)] = fwd ? k * ww.d - ww.lo : ww.lo - k * ww.d;
     const T* base = src + S.base + g * (fwd ? G.cig : G.cog);
+    // ceil(a / m) for m > 0 and any a.
+    auto ceil_div = [](std::int64_t a, std::int64_t m) {
+        return a >= 0 ? (a + m - 1) / m : -(-a / m);
+    };
+    const std::int64_t taps = G.kh * G.kw;
     std::int64_t y = b.begin / D.w, x = b.begin % D.w;
-    for (std::int64_t p = 0; p < b.count; ++p) {
+    // Runs of pixels along one destination row: per tap, the columns whose source column is
+    // inside the image form one interval, so the inner loops only step a pointer.
+    for (std::int64_t p = 0; p < b.count; x = 0, ++y) {
+        const std::int64_t run = std::min(b.count - p, D.w - x);
         for (std::int64_t ky = 0; ky < G.kh; ++ky) {
             const std::int64_t sy = y * mh + oy[std::size_t(ky)];
             const bool row = sy >= 0 && sy < S.h;
             for (std::int64_t kx = 0; kx < G.kw; ++kx) {
-                const std::int64_t sx = x * mw + ox[std::size_t(kx)];
-                *table++ = row && sx >= 0 && sx < S.w ? base + (sy * S.w + sx) * S.c : none;
+                const std::int64_t o = ox[std::size_t(kx)];
+                const T** dst = table + p * taps + ky * G.kw + kx;
+                // Columns x with 0 <= x mw + o < S.w, clipped to the run [x, x + run).
+                const std::int64_t lo = row ? std::clamp(ceil_div(-o, mw), x, x + run) : x + run;
+                const std::int64_t hi =
+                    row ? std::clamp(ceil_div(S.w - o, mw), lo, x + run) : x + run;
+                std::int64_t j = x;
+                for (; j < lo; ++j, dst += taps) *dst = none;
+                if (j < hi)
+                    for (const T* from = base + (sy * S.w + j * mw + o) * S.c; j < hi;
+                         ++j, dst += taps, from += mw * S.c)
+                        *dst = from;
+                for (; j < x + run; ++j, dst += taps) *dst = none;
             }
         }
-        if (++x == D.w) x = 0, ++y;
+        p += run;
     }
 }
 
