@@ -7,7 +7,9 @@
 // read it (none where the stride skips it), so every input pixel has one owner and no sums cross
 // threads. The weight gradient is panel^T dY per block, added in double into 16 partial sums, each
 // owning a fixed run of blocks, then added in order. 1 x 1 convolutions (stride 1, no padding)
-// are plain GEMMs over the packed pixels.
+// are plain GEMMs over the packed pixels. In f32 with destination channels a multiple of the
+// vector width, the panels become tables of source-row pointers read by the direct kernel of
+// conv_kernels.hpp (no copy, no BLAS packing).
 #include "jit/conv.hpp"
 
 #include "ir/ops/image_plan.hpp"
