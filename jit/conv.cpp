@@ -433,7 +433,7 @@ RaggedTensor weight_grad(const ir::Node& n, const RaggedTensor& g, const RaggedT
                     std::vector<const T*> table(std::size_t(b.count * taps));
                     tap_table(G, true, xv, S, D, b, gr, zeros.data(), table.data());
                     if constexpr (std::is_same_v<T, float>)
-                        kernel(b.count, taps, G.cig, G.cog, table.data(), dy, G.cout, part.data());
+                        kernel(b.count, taps, G.cig, G.cog, table.data(), dy, part.data(), G.cout);
                     for (std::size_t j = 0; j < part.size(); ++j) s[j] += double(part[j]);
                     continue;
                 }

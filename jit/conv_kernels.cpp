@@ -32,17 +32,25 @@ void set_vector_width(llvm::Function* fn) {
 // What both kernels share: the loop over vectors of outputs (pairs, then one) and, inside it,
 // over tiles of `tile` rows (then single rows) of a row count.
 struct ConvEmitter {
-    LoopBuilder& L;
+    // Both kernels take (count, taps, cols, nout, rows, a, b, ld): row counts, a table of row
+    // pointers, two float arrays and a leading dimension.
+    LoopBuilder L;
     llvm::Type* f32;
     llvm::FixedVectorType* vt;
     llvm::Function* fma;
     int lanes;
 
-    ConvEmitter(LoopBuilder& l, llvm::Module& m)
-        : L(l), f32(l.b.getFloatTy()), vt(llvm::FixedVectorType::get(f32, unsigned(conv_lanes()))),
+    ConvEmitter(llvm::Module& m, const std::string& name)
+        : L(m, name, signature(m.getContext())), f32(L.b.getFloatTy()),
+          vt(llvm::FixedVectorType::get(f32, unsigned(conv_lanes()))),
           fma(llvm::Intrinsic::getDeclaration(&m, llvm::Intrinsic::fmuladd, {vt})),
           lanes(int(conv_lanes())) {
         set_vector_width(L.fn);
+    }
+    static std::vector<llvm::Type*> signature(llvm::LLVMContext& ctx) {
+        llvm::Type* i64 = llvm::Type::getInt64Ty(ctx);
+        llvm::Type* p = llvm::PointerType::get(ctx, 0);
+        return {i64, i64, i64, i64, p, p, p, i64};
     }
     llvm::Value* vload(llvm::Value* base, llvm::Value* at) {
         return L.b.CreateAlignedLoad(vt, L.b.CreateGEP(f32, base, at), llvm::Align(4));
@@ -82,12 +90,10 @@ struct ConvEmitter {
 // out[p][c0 ...] for a tile of pixels: accumulate over taps and channels in registers, then
 // store the tile's vectors.
 void emit_rows(llvm::Module& m, const std::string& name) {
-    auto& ctx = m.getContext();
-    llvm::Type* i64 = llvm::Type::getInt64Ty(ctx);
-    llvm::Type* p = llvm::PointerType::get(ctx, 0);
-    LoopBuilder L(m, name, {i64, i64, i64, i64, p, p, p, i64});
-    ConvEmitter E(L, m);
+    ConvEmitter E(m, name);
+    LoopBuilder& L = E.L;
     auto& b = L.b;
+    llvm::Type* p = llvm::PointerType::get(m.getContext(), 0);
     llvm::Value *count = L.arg(0), *taps = L.arg(1), *cols = L.arg(2), *nout = L.arg(3),
                 *rows = L.arg(4), *w = L.arg(5), *out = L.arg(6), *ldo = L.arg(7);
     E.outputs(nout, count, [&](llvm::Value* c0, int vecs, llvm::Value* p0, int n) {
@@ -120,14 +126,12 @@ void emit_rows(llvm::Module& m, const std::string& name) {
 // part[t][i][c0 ...] for each tap t and a tile of channels i: accumulate over the pixels in
 // registers, then store the tile's vectors.
 void emit_weight_rows(llvm::Module& m, const std::string& name) {
-    auto& ctx = m.getContext();
-    llvm::Type* i64 = llvm::Type::getInt64Ty(ctx);
-    llvm::Type* p = llvm::PointerType::get(ctx, 0);
-    LoopBuilder L(m, name, {i64, i64, i64, i64, p, p, i64, p});
-    ConvEmitter E(L, m);
+    ConvEmitter E(m, name);
+    LoopBuilder& L = E.L;
     auto& b = L.b;
+    llvm::Type* p = llvm::PointerType::get(m.getContext(), 0);
     llvm::Value *count = L.arg(0), *taps = L.arg(1), *cols = L.arg(2), *nout = L.arg(3),
-                *rows = L.arg(4), *dy = L.arg(5), *ldy = L.arg(6), *part = L.arg(7);
+                *rows = L.arg(4), *dy = L.arg(5), *part = L.arg(6), *ldy = L.arg(7);
     L.loop(L.i64(0), taps, [&](llvm::Value* t) {
         E.outputs(nout, cols, [&](llvm::Value* c0, int vecs, llvm::Value* i0, int n) {
             std::vector<llvm::Value*> acc(std::size_t(n * vecs),

@@ -16,7 +16,7 @@ using ConvRows = void (*)(std::int64_t count, std::int64_t taps, std::int64_t co
 // dy[p ldy + c]: a weight gradient's contribution from one block of pixels.
 using ConvWeightRows = void (*)(std::int64_t count, std::int64_t taps, std::int64_t cols,
                                 std::int64_t nout, const float* const* rows, const float* dy,
-                                std::int64_t ldy, float* part);
+                                float* part, std::int64_t ldy);
 
 // The kernels' vector width in floats: 16 with AVX-512, else 8.
 std::int64_t conv_lanes();
