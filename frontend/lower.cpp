@@ -274,8 +274,9 @@ std::string match_type(const Program& prog, const VType& actual, const ast::Type
         const std::string& r = actual.record;
         if (actual.kind != VType::Kind::record || r.rfind("Adam[", 0) != 0) return mismatch;
         const std::string& p = decl.dims[0].name;
-        auto [it, fresh] = b.types.emplace(p, prog.record_type(r.substr(5, r.size() - 6)));
-        if (fresh || it->second == prog.record_type(r.substr(5, r.size() - 6))) return "";
+        const VType params = prog.record_type(r.substr(5, r.size() - 6));
+        auto [it, fresh] = b.types.emplace(p, params);
+        if (fresh || it->second == params) return "";
         return mismatch + " (" + p + " is " + it->second.str() + " here)";
     }
     switch (decl.kind) {
@@ -861,8 +862,8 @@ LV Lowerer::call_fn(const ast::FnDecl& fn, const SourceFile* file, const std::ve
                           ", got " + (fn_param ? type_of(a).str() : "a function"));
         if (fn_param) {
             inner.scopes_.back()[p.name] = a;
-            key += a.name + "/" + std::to_string(a.grad_wrt) + (a.with_value ? "v" : "") + "@" +
-                   std::to_string(reinterpret_cast<std::uintptr_t>(a.fn)) + ";";
+            key += std::to_string(reinterpret_cast<std::uintptr_t>(a.fn)) + "/" +
+                   std::to_string(a.grad_wrt) + (a.with_value ? "v;" : ";");
             continue;
         }
         if (a.kind == LV::Kind::number && p.type.kind == ast::TypeExpr::Kind::tensor) {
