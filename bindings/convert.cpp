@@ -230,7 +230,9 @@ Buffer buffer_of(const py::array& a, DType t) {
 
 // ---- tensors --------------------------------------------------------------------------------
 
-py::array values_view(const RaggedTensor& t) {
+namespace {
+// The shape of values_view(t): dense, or [packed rows, the static extents].
+std::vector<py::ssize_t> values_shape(const RaggedTensor& t) {
     const Structure& st = t.structure();
     std::vector<py::ssize_t> shape;
     if (!t.shape().batched) {
@@ -245,6 +247,12 @@ py::array values_view(const RaggedTensor& t) {
                 py::ssize_t(st.batch() > 0 ? st.size(0, a) : std::max<std::int64_t>(ax.extent, 0)));
         }
     }
+    return shape;
+}
+} // namespace
+
+py::array values_view(const RaggedTensor& t) {
+    auto shape = values_shape(t);
     auto strides = c_strides(shape, dtype_size(t.dtype()));
     return view(t.buffer(), t.dtype(), shape, strides, 0);
 }
@@ -284,8 +292,18 @@ py::array mask(const RaggedTensor& t) {
 }
 
 RaggedTensor tensor_from_array(py::handle obj, DType t, bool batched, const char* casting) {
+    // An array already in storage form (the common case: a params field, on every call) is
+    // taken as it is, without the two NumPy calls.
+    auto in_storage_form = [&] {
+        if (!py::isinstance<py::array>(obj)) return false;
+        auto given = py::reinterpret_borrow<py::array>(obj);
+        return dtype_of(given.dtype()) == t && (given.flags() & py::array::c_style);
+    };
     // asarray(order="C"), not ascontiguousarray: that one turns a scalar into shape (1,).
-    py::array a = numpy().attr("asarray")(as_storage(obj, t, casting), "order"_a = "C");
+    py::array a = in_storage_form()
+                      ? py::reinterpret_borrow<py::array>(obj)
+                      : py::array(numpy().attr("asarray")(as_storage(obj, t, casting),
+                                                          "order"_a = "C"));
     std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
     if (!batched) {
         std::vector<Axis> axes;
@@ -611,6 +629,21 @@ std::vector<std::string> ragged_names(const std::vector<Axis>& axes) {
 }
 
 std::vector<std::int64_t> int_vector(py::handle obj, const std::string& what) {
+    // A list of Python ints (the usual lengths) is read directly: NumPy's conversion costs
+    // more than the rest of a from_packed call.
+    if (py::isinstance<py::list>(obj)) {
+        std::vector<std::int64_t> v;
+        for (py::handle e : obj) {
+            if (!PyLong_CheckExact(e.ptr())) {
+                v.clear();
+                break;
+            }
+            v.push_back(e.cast<std::int64_t>());
+            if (v.back() < 0)
+                fail("from_packed: ", what, "[", v.size() - 1, "] is negative (", v.back(), ")");
+        }
+        if (v.size() == py::len(obj)) return v;
+    }
     py::array a;
     try {
         a = numpy().attr("asarray")(obj, "dtype"_a = "int64");
@@ -647,9 +680,17 @@ RaggedTensor from_packed(py::handle values, py::handle lengths, const std::strin
             by_name[n] = int_vector(d[py::str(n)], "lengths['" + n + "']");
         }
     } else {
-        py::array probe = numpy().attr("asarray")(lengths, "dtype"_a = "object");
-        const bool rows = probe.ndim() == 2 || (probe.ndim() == 1 && probe.size() > 0 &&
-                                                py::hasattr(probe[py::int_(0)], "__len__"));
+        // One row or one row per name: a list of ints is one row without asking NumPy.
+        auto one_row_of_ints = [&] {
+            return py::isinstance<py::list>(lengths) && py::len(lengths) > 0 &&
+                   PyLong_CheckExact(py::reinterpret_borrow<py::list>(lengths)[0].ptr());
+        };
+        auto rows_given = [&] {
+            py::array probe = numpy().attr("asarray")(lengths, "dtype"_a = "object");
+            return probe.ndim() == 2 || (probe.ndim() == 1 && probe.size() > 0 &&
+                                         py::hasattr(probe[py::int_(0)], "__len__"));
+        };
+        const bool rows = !one_row_of_ints() && rows_given();
         if (!rows) {
             if (names.size() != 1)
                 fail("from_packed: the spec has ", names.size(),
@@ -691,8 +732,8 @@ RaggedTensor from_packed(py::handle values, py::handle lengths, const std::strin
     // element count happens to agree is not taken silently.
     const auto& given = v.structure().sizes();
     if (given.size() > 1) {
-        py::array view = values_view(out);
-        std::vector<std::int64_t> expect(view.shape(), view.shape() + view.ndim());
+        const auto shape = values_shape(out);
+        const std::vector<std::int64_t> expect(shape.begin(), shape.end());
         if (given != expect) {
             std::string e, g;
             for (auto x : expect) e += (e.empty() ? "" : ", ") + std::to_string(x);

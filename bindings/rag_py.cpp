@@ -51,14 +51,17 @@ struct Params {
     }
 };
 
-// A field value from Python, converted to the field's declared schema.
-RaggedTensor field_value(py::handle obj, const Schema& want, const std::string& what) {
+// A field value from Python, converted to the field's declared schema; errors name
+// `group.field`.
+RaggedTensor field_value(py::handle obj, const Schema& want, const std::string& group,
+                         const std::string& field) {
     RaggedTensor t;
     if (py::isinstance<RaggedTensor>(obj))
         t = obj.cast<RaggedTensor>();
     else
         t = tensor_from_array(obj, want.dtype, false, "same_kind");
-    if (!(t.schema() == want)) fail(what, ": expected ", want.str(), ", got ", t.schema().str());
+    if (!(t.schema() == want))
+        fail(group, ".", field, ": expected ", want.str(), ", got ", t.schema().str());
     return t;
 }
 
@@ -141,33 +144,53 @@ std::string type_name(py::handle obj) {
     return py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
 }
 
-// What one call knows while converting its arguments: the batch names of the signature and the
-// dtypes its type parameters are bound to (by rag.Tensor arguments, then by inference).
+// A params group's fields in order (dotted name, schema), by group type name: built from the
+// program's declarations once per module, as a call converts a dict of arrays field by field.
+using RecordLeaves = std::map<std::string, std::vector<std::pair<std::string, Schema>>, std::less<>>;
+
+// What one call knows while converting its arguments: the batch names of the signature, the
+// dtypes its type parameters are bound to (by rag.Tensor arguments, then by inference), and
+// the module's cache of params group fields.
 struct Binding {
     std::set<std::string> batch;
     std::map<std::string, DType> dtypes;
+    RecordLeaves& records;
 };
 
 // A params record (rag.Params, or any mapping from dotted field names to arrays).
 Value record_value(py::handle obj, const std::string& type, const frontend::Program& prog,
-                   const std::string& what) {
+                   RecordLeaves& records, const std::string& what) {
     if (py::isinstance<Params>(obj)) return obj.cast<const Params&>().value();
     if (!py::hasattr(obj, "keys"))
         fail(what, ": expected ", type, " (rag.Params or a dict of arrays), got ", type_name(obj));
+    auto it = records.find(type);
+    if (it == records.end()) it = records.emplace(type, prog.record_type(type).leaves()).first;
     Value v;
     v.kind = Value::Kind::record;
     v.record = type;
-    std::set<std::string> names;
-    for (const auto& [n, schema] : prog.record_type(type).leaves()) {
-        names.insert(n);
+    const bool dict = py::isinstance<py::dict>(obj);
+    for (const auto& [n, schema] : it->second) {
         py::str key(n);
-        if (!obj.attr("__contains__")(key).cast<bool>())
-            fail(what, ": missing field '", n, "' of ", type);
-        v.fields.push_back({n, field_value(obj.attr("__getitem__")(key), schema, what + "." + n)});
+        // A dict is read directly (no method lookups): a call converts every field.
+        py::object field;
+        if (dict) {
+            if (PyObject* f = PyDict_GetItemWithError(obj.ptr(), key.ptr()))
+                field = py::reinterpret_borrow<py::object>(f);
+            else if (PyErr_Occurred())
+                throw py::error_already_set();
+        } else if (obj.attr("__contains__")(key).cast<bool>()) {
+            field = obj.attr("__getitem__")(key);
+        }
+        if (!field) fail(what, ": missing field '", n, "' of ", type);
+        v.fields.push_back({n, field_value(field, schema, what, n)});
     }
+    // Every field is present, so a mapping of that many keys has no other.
+    if (py::len(obj) == it->second.size()) return v;
     for (py::handle k : obj.attr("keys")()) {
         std::string key = py::str(k).cast<std::string>();
-        if (!names.count(key)) fail(what, ": ", type, " has no field '", key, "'");
+        auto named = [&](const auto& leaf) { return leaf.first == key; };
+        if (std::none_of(it->second.begin(), it->second.end(), named))
+            fail(what, ": ", type, " has no field '", key, "'");
     }
     return v;
 }
@@ -175,7 +198,8 @@ Value record_value(py::handle obj, const std::string& type, const frontend::Prog
 Value to_value(py::handle obj, const ast::TypeExpr& decl, Binding& bind,
                const frontend::Program& prog, const std::string& what) {
     const auto& batch = bind.batch;
-    if (auto record = prog.record_name(decl)) return record_value(obj, *record, prog, what);
+    if (auto record = prog.record_name(decl))
+        return record_value(obj, *record, prog, bind.records, what);
     if (prog.sized_group(decl)) { // `p: Linear[I, O]`: the instance's sizes come with its value
         if (py::isinstance<Params>(obj)) return obj.cast<const Params&>().value();
         fail(what, ": expected ", type_str(decl), " as a rag.Params (m.init(\"", decl.dtype,
@@ -263,6 +287,7 @@ struct PyModule {
     std::shared_ptr<Module> mod;
     std::string path;
     std::mutex mu;
+    RecordLeaves records; // read and filled with the GIL held
 };
 using PyModulePtr = std::shared_ptr<PyModule>;
 
@@ -272,7 +297,7 @@ const ast::FnDecl& find_fn(const PyModule& m, const std::string& name) {
     return *fn;
 }
 
-std::vector<Value> bind_args(const PyModule& m, const ast::FnDecl& fn, const py::args& args,
+std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args& args,
                              const py::kwargs& kwargs) {
     const std::size_t n = fn.params.size();
     if (args.size() > n)
@@ -290,7 +315,7 @@ std::vector<Value> bind_args(const PyModule& m, const ast::FnDecl& fn, const py:
             throw py::type_error(fn.name + "() got multiple values for argument '" + name + "'");
         slots[k] = py::reinterpret_borrow<py::object>(value);
     }
-    Binding bind{batch_names(fn), {}};
+    Binding bind{batch_names(fn), {}, m.records};
     for (std::size_t k = 0; k < n; ++k) {
         const ast::TypeExpr& t = fn.params[k].type;
         if (slots[k] && t.kind == ast::TypeExpr::Kind::tensor && !parse_dtype(t.dtype) &&
@@ -839,7 +864,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
              [](Params& p, const std::string& k, py::handle v) {
                  auto* t = p.find(k);
                  if (!t) throw py::key_error(p.record + " has no field '" + k + "'");
-                 *t = field_value(v, t->schema(), p.record + "." + k);
+                 *t = field_value(v, t->schema(), p.record, k);
              })
         .def("__getattr__",
              [](Params& p, const std::string& k) {

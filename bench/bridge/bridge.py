@@ -2,7 +2,9 @@
 examples/encoder.rag loss on a 16-sequence batch, lengths 4..63, 64 features) called through
 rag.torch (torch tensors in, torch.autograd backward into parameter .grad) against the same
 rag function called directly (rag tensors and NumPy params prepared once, call_saving then
-Saved.backward), same inputs, same thread count; warm-up, then --calls calls of each,
+Saved.backward), same inputs, same thread count, at each batch size of --batches (16 is the
+step the target names; larger ones show the bridge's cost is per call, not per token);
+warm-up, then --calls calls of each,
 alternating one by one (the machine is shared and its load moves within seconds): the
 medians of each and the median of the per-pair ratios. Prints JSON lines.
 
@@ -46,11 +48,17 @@ def main():
     ap.add_argument("--calls", type=int, default=41)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batches", default="16,64,256")
     a = ap.parse_args()
     rag.set_num_threads(a.threads)
     torch.set_num_threads(a.threads)
     m = ddp.load_module()
-    lengths, x, y = ddp.make_batch(1000)
+    for batch in map(int, a.batches.split(",")):
+        measure(m, a, batch)
+
+
+def measure(m, a, batch):
+    lengths, x, y = ddp.make_batch(1000, batch)
     xs, ys, scale = ddp.step_inputs(lengths, x, y, range(len(lengths)), 1, sum(lengths))
     model = rag.torch.Module(m, "scaled_loss", params="Encoder", seed=0)
 

@@ -4,7 +4,10 @@ import sys
 
 rows = [json.loads(l) for l in open(sys.argv[1])]
 meta = {k: v for r in rows if r.get("meta") for k, v in r.items()}
-bridge = {r["system"]: r for r in rows if r.get("bench") == "bridge"}
+bridge = {}  # batch -> system -> row
+for r in rows:
+    if r.get("bench") == "bridge":
+        bridge.setdefault(r["batch"], {})[r["system"]] = r
 ddp = {r["ranks"]: r for r in rows if r.get("bench") == "ddp"}
 print("# PyTorch bridge (issue 17)\n")
 print("Commit %s, %s; %s (%s cores), torch %s; load average %s at the start, %s at the end "
@@ -12,21 +15,24 @@ print("Commit %s, %s; %s (%s cores), torch %s; load average %s at the start, %s 
       "times are noisy). Written by bench/bridge/run.sh.\n"
       % (meta["commit"], meta["date"], meta["cpu"], meta["cores"], meta["torch"],
          meta["loadavg_start"], meta["loadavg_end"]))
-d, b = bridge["direct"], bridge["rag.torch"]
+first = bridge[min(bridge)]["direct"]
 print("## Bridge overhead: the encoder training step\n")
 print("Forward and backward of examples/encoder.rag's loss (scaled, as examples/python/ddp.py "
-      "trains it) on %d sequences, %d tokens, %d threads; %d calls of each after %d warm-up "
-      "calls, alternating call by call (direct, bridge, bridge, direct, ...), so that the "
-      "shared machine's load hits both alike.\n"
-      % (d["batch"], d["tokens"], d["threads"], d["calls"], d["warmup"]))
-print("| path | median ms/step | min ms/step |\n|---|---:|---:|")
-for name, r, what in (("direct", d, "rag tensors and NumPy params, call_saving + Saved.backward"),
-                      ("rag.torch", b, "torch tensors, Module forward + loss.backward()")):
-    print("| %s (%s) | %.2f | %.2f |" % (name, what, r["ms_median"], r["ms_min"]))
-print("\nOverhead of the bridge (target: under 5%%): %+.1f%% by the median of the per-pair "
-      "ratios, %+.1f%% by the medians, %+.1f%% by the minima.\n"
-      % (100 * (bridge["ratio"]["median_pair_ratio"] - 1),
-         100 * (b["ms_median"] / d["ms_median"] - 1), 100 * (b["ms_min"] / d["ms_min"] - 1)))
+      "trains it), %d threads; %d calls of each path after %d warm-up calls, alternating call "
+      "by call (direct, bridge, bridge, direct, ...), so that the shared machine's load hits "
+      "both alike. direct: rag tensors and NumPy params, `call_saving` + `Saved.backward`; "
+      "rag.torch: torch tensors, `Module` forward + `loss.backward()` into `.grad`. The "
+      "target (under 5%%) names the 16-sequence step; the larger batches show what the "
+      "bridge's cost is made of.\n" % (first["threads"], first["calls"], first["warmup"]))
+print("| sequences | tokens | direct ms (median) | rag.torch ms (median) | bridge cost ms "
+      "| overhead (median of per-pair ratios) | by the minima |\n|---:|---:|---:|---:|---:|---:|---:|")
+for batch in sorted(bridge):
+    d, b = bridge[batch]["direct"], bridge[batch]["rag.torch"]
+    print("| %d | %d | %.2f | %.2f | %.2f | %+.1f%% | %+.1f%% |"
+          % (batch, d["tokens"], d["ms_median"], b["ms_median"], b["ms_median"] - d["ms_median"],
+             100 * (bridge[batch]["ratio"]["median_pair_ratio"] - 1),
+             100 * (b["ms_min"] / d["ms_min"] - 1)))
+print()
 print("## DDP on gloo: step time, 1 rank vs 2 ranks\n")
 print("examples/python/ddp.py's step (DistributedDataParallel over rag.torch, SGD) on the same "
       "16-sequence batches, cost-balanced shards, cores // ranks rag threads per rank; median "

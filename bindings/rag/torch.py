@@ -14,6 +14,7 @@ results come back through DLPack. The backward is rag's own reverse pass (Functi
 keeps what it reads), so a step runs the function once forward and once backward.
 """
 import ast
+import weakref
 
 import numpy as np
 import torch
@@ -36,8 +37,10 @@ class Ragged:
             ["~N"] + [str(e) for e in values.shape[1:]])
 
     def to_rag(self, values=None):
-        v = (self.values if values is None else values).detach()
-        return rag.from_packed(v.contiguous(), self.lengths, self.spec)
+        v = (self.values if values is None else values).detach().contiguous()
+        # A NumPy view is adopted like a DLPack tensor and costs less to make (bf16 has none).
+        return rag.from_packed(v if v.dtype == torch.bfloat16 else v.numpy(), self.lengths,
+                               self.spec)
 
     def __repr__(self):
         return "rag.torch.Ragged(%s, values %s)" % (self.spec, tuple(self.values.shape))
@@ -135,7 +138,7 @@ class _Binding:
             if kind[0] == "ragged":
                 args.append(kind[1].to_rag(tensors.pop(0)))
             elif kind[0] == "params":
-                args.append({k: _dense(tensors.pop(0)) for k in kind[1]})
+                args.append({k: _field_view(tensors.pop(0)) for k in kind[1]})
             elif kind[0] == "tensor":
                 args.append(_dense(tensors.pop(0)))
             else:
@@ -154,7 +157,11 @@ def _torch_grads(kinds, per_arg):
         if kind[0] == "ragged":
             out.append(None if g is None else torch.from_dlpack(g))
         elif kind[0] == "params":
-            out.extend(None if g is None else torch.from_numpy(np.asarray(g[k])) for k in kind[1])
+            if g is None:
+                out.extend([None] * len(kind[1]))
+            else:  # one call for all fields (a lookup per field costs more than its conversion)
+                by_name = dict(zip(g.keys(), g.values()))
+                out.extend(torch.from_numpy(by_name[k]) for k in kind[1])
         elif kind[0] == "tensor":
             out.append(None if g is None else torch.from_numpy(np.asarray(g)))
     return out
@@ -169,6 +176,29 @@ def _saved_backward(saved, out, grads):
         g, grads = grads[:n], grads[n:]
         cts.append(_cotangent(e, g))
     return saved.backward(tuple(cts) if isinstance(out, tuple) else cts[0])
+
+
+# Parameters' NumPy views, reused from call to call: a params group is passed on every call, an
+# optimiser updates it in place, and a view costs ~10 us a field to make (detach, numpy) against
+# ~1 us to check. A view is valid while the tensor's storage, shape and dtype are the same
+# (`p.data = ...` changes the pointer); it keeps that storage alive, so a new tensor cannot
+# take its address meanwhile.
+_VIEWS = {}  # id(tensor) -> (weak reference, data_ptr, shape, NumPy view)
+
+
+def _field_view(t):
+    """_dense(t), cached for contiguous tensors other than bf16 (params fields)."""
+    if t.dtype == torch.bfloat16 or not t.is_contiguous():
+        return _dense(t)
+    key, ptr, shape = id(t), t.data_ptr(), t.shape
+    hit = _VIEWS.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == ptr and hit[2] == shape:
+        return hit[3]
+    view = _dense(t)
+    # Torch tensors compare elementwise, so they cannot key a WeakKeyDictionary: the entry
+    # goes when the tensor does (and with it the view's hold on the storage).
+    _VIEWS[key] = (weakref.ref(t, lambda _, key=key: _VIEWS.pop(key, None)), ptr, shape, view)
+    return view
 
 
 def _dense(t):
@@ -456,6 +486,8 @@ class Module(torch.nn.Module):
             owner, leaf = self._owner(dotted)
             arr = np.array(values[dotted], copy=True)
             owner.register_parameter(leaf, torch.nn.Parameter(_aligned_tensor(arr)))
+        # (dotted name, owning submodule, leaf name) per field, for params() on every call.
+        self._fields = [(dotted,) + self._owner(dotted) for dotted in self._names]
 
     def _owner(self, dotted):
         parts = dotted.split(".")
@@ -468,11 +500,7 @@ class Module(torch.nn.Module):
 
     def params(self):
         """The parameters as a dict by dotted name (rag's order)."""
-        out = {}
-        for dotted in self._names:
-            owner, leaf = self._owner(dotted)
-            out[dotted] = owner._parameters[leaf]
-        return out
+        return {dotted: owner._parameters[leaf] for dotted, owner, leaf in self._fields}
 
     def forward(self, *args):
         args = list(args)

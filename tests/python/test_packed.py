@@ -68,3 +68,15 @@ def test_bad_input_is_a_clear_error():
         rag.from_packed(np.zeros(6, np.float32), [-1, 7], "~N")
     with pytest.raises(rag.Error, match="~N has 2 lengths, ~M has 1"):
         rag.from_packed(np.zeros(6, np.float32), {"N": [2, 1], "M": [3]}, "~N, ~M")
+
+
+def test_lengths_as_python_ints_numpy_ints_or_arrays_agree():
+    vals = np.arange(10, dtype=np.float32).reshape(5, 2)
+    want = rag.from_packed(vals, np.array([2, 3]), "~N, 2").to_list()
+    for lengths in ([2, 3], (2, 3), [np.int64(2), 3], [np.int32(2), np.int32(3)]):
+        got = rag.from_packed(vals, lengths, "~N, 2").to_list()
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), lengths
+    with pytest.raises(rag.Error, match="sequence of integers"):
+        rag.from_packed(vals, [2, "x"], "~N, 2")
+    with pytest.raises(rag.Error, match=r"lengths\[1\] is negative \(-3\)"):
+        rag.from_packed(vals, [8, -3], "~N, 2")

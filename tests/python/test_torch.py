@@ -105,6 +105,30 @@ def test_adamw_steps_through_torch_optim_lower_the_loss(m):
     assert losses[-1] < losses[0]
 
 
+def test_every_call_sees_the_parameters_as_they_are_now(m):
+    # The bridge reuses its NumPy views of the parameters across calls; an in-place update
+    # (an optimiser's) and a replaced tensor (`p.data = ...`, a new storage or shape) must
+    # both reach rag on the next call.
+    model = rt.Module(m, "loss", params="Model", seed=5)
+    values, labels = batch(3)
+    x, lab = rt.Ragged(values, LENGTHS), rt.Ragged(labels, LENGTHS, "~N")
+
+    def check():
+        want = reference_loss(values, labels, {n: p.detach() for n, p in model.named_parameters()})
+        assert model(x, lab).item() == pytest.approx(want.item(), rel=1e-5)
+
+    check()
+    head = model.params()["head"]
+    with torch.no_grad():
+        head.mul_(-2.0)
+    check()
+    head.data = torch.randn(4, 2, generator=torch.Generator().manual_seed(7))
+    check()
+    w = model.params()["layers.1.w"]
+    w.data = w.data.t().contiguous()  # same shape, new storage
+    check()
+
+
 def test_values_cross_without_copies(m):
     values, _ = batch(2)
     x = rt.Ragged(values, LENGTHS)
