@@ -17,8 +17,12 @@ py::module_ numpy() {
     return py::module_::import("numpy");
 }
 
-bool aligned64(const void* p) {
-    return reinterpret_cast<std::uintptr_t>(p) % 64 == 0;
+// What adoption needs of an address: element alignment, as the compiled kernels load and store
+// at any element offset (vector accesses carry the element's alignment) and BLAS asks no more.
+// rag's own buffers are 64-byte aligned for speed; adopting a NumPy array (16-byte aligned) or
+// a slice of one costs less than the copy that alignment would take.
+bool element_aligned(const void* p, std::size_t element_size) {
+    return reinterpret_cast<std::uintptr_t>(p) % element_size == 0;
 }
 
 // Drops a Python reference from any thread: deleters of shared buffers may run where the GIL
@@ -212,7 +216,8 @@ py::array widen(const py::array& a, DType t) {
 Buffer buffer_of(const py::array& a, DType t) {
     const std::size_t nbytes = std::size_t(a.size()) * dtype_size(t);
     const bool adoptable = (a.flags() & py::array::c_style) && a.writeable() && a.size() > 0 &&
-                           aligned64(a.data()) && a.dtype().equal(storage_dtype(t));
+                           element_aligned(a.data(), dtype_size(t)) &&
+                           a.dtype().equal(storage_dtype(t));
     if (adoptable) {
         auto* keep = new py::object(a);
         py::array owned = a;
@@ -300,10 +305,10 @@ RaggedTensor tensor_from_array(py::handle obj, DType t, bool batched, const char
         return dtype_of(given.dtype()) == t && (given.flags() & py::array::c_style);
     };
     // asarray(order="C"), not ascontiguousarray: that one turns a scalar into shape (1,).
-    py::array a = in_storage_form()
-                      ? py::reinterpret_borrow<py::array>(obj)
-                      : py::array(numpy().attr("asarray")(as_storage(obj, t, casting),
-                                                          "order"_a = "C"));
+    py::array a =
+        in_storage_form()
+            ? py::reinterpret_borrow<py::array>(obj)
+            : py::array(numpy().attr("asarray")(as_storage(obj, t, casting), "order"_a = "C"));
     std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
     if (!batched) {
         std::vector<Axis> axes;
@@ -587,11 +592,11 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
     Buffer buf;
     // Read-only memory is copied: rag's views of a tensor's values are writable, so adopting it
     // would hand out write access the producer forbade (the rule buffer_of applies to arrays).
-    if (contiguous && numel > 0 && aligned64(data) && !in.read_only) {
+    if (contiguous && numel > 0 && element_aligned(data, es) && !in.read_only) {
         buf = {std::shared_ptr<std::byte>(in.owner, data), std::size_t(numel) * es};
     } else {
         buf = Buffer::allocate(std::size_t(numel) * es);
-        // Contiguous memory (unaligned or read-only) is one memcpy; the element loop is for
+        // Contiguous memory (misaligned or read-only) is one memcpy; the element loop is for
         // strided views only (it costs ~8 ns an element).
         if (contiguous && numel > 0)
             std::memcpy(buf.data.get(), data, std::size_t(numel) * es);

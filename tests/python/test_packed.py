@@ -26,7 +26,22 @@ def test_round_trip_shares_memory():
         assert np.array_equal(a, b)
 
 
-def test_aligned_arrays_are_adopted_and_others_copied():
+def test_element_aligned_arrays_are_adopted_and_others_copied():
+    # 16 bytes off a 64-byte boundary (NumPy's usual alignment) is adopted as well.
+    for a in (aligned((7, 4), np.float32), aligned((8, 4), np.float32)[1:]):
+        a[:] = np.arange(28, dtype=np.float32).reshape(7, 4)
+        t = rag.from_packed(a, [3, 4], "~N, 4")
+        assert t.values.ctypes.data == a.ctypes.data
+        a[0, 0] = 42.0  # shared: visible through the tensor
+        assert t.to_list()[0][0, 0] == 42.0
+    # One byte off: not element aligned, so copied (and still correct).
+    raw = np.zeros(28 * 4 + 65, np.uint8)
+    off = (-raw.ctypes.data) % 64 + 1
+    c = raw[off:off + 28 * 4].view(np.float32).reshape(7, 4)
+    c[:] = np.arange(28, dtype=np.float32).reshape(7, 4)
+    t = rag.from_packed(c, [3, 4], "~N, 4")
+    assert t.values.ctypes.data != c.ctypes.data
+    assert np.array_equal(t.to_list()[1], c[3:])
     a = aligned((7, 4), np.float32)
     a[:] = np.arange(28, dtype=np.float32).reshape(7, 4)
     t = rag.from_packed(a, [3, 4], "~N, 4")
