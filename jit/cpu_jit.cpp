@@ -223,6 +223,7 @@ class CompiledCpu final : public CpuFunction {
   public:
     explicit CompiledCpu(const ir::Function& f)
         : f_(f), plan_(make_plan(f)), release_after_(release_points(f_, plan_)) {
+        relpos_precompile(f_); // on other threads, while this one compiles the fused groups
         static std::atomic<int> counter{0};
         const std::string prefix = "rag_" + std::to_string(counter++) + "_";
         auto ctx = std::make_unique<llvm::LLVMContext>();

@@ -12,9 +12,9 @@
 #include "jit/relpos_setup.hpp"
 #include "runtime/error.hpp"
 
+#include <future>
 #include <map>
 #include <mutex>
-#include <thread>
 
 namespace rag::jit {
 namespace {
@@ -36,12 +36,11 @@ std::string key_of(Pass pass, const RelposSetup& setup) {
     return key;
 }
 
-// The pass's program for setup's shape, compiled for the host, or when setup.emulated through
-// the GPU lowering for the device emulator (jit/kir_emulator.hpp).
-std::unique_ptr<CpuKernel> build(Pass pass, const RelposSetup& setup) {
+// The pass's program for `shape`, compiled for the host, or when `emulated` through the GPU
+// lowering for the device emulator (jit/kir_emulator.hpp).
+std::shared_ptr<const CpuKernel> build(Pass pass, const RelposShape& s, bool emulated) {
     CompilePhase phase("kernel_ir"); // building the program; LLVM's share is its own phase
-    const RelposShape& s = setup.shape;
-    const Compile compile = setup.emulated
+    const Compile compile = emulated
                                 ? +[](const kir::Kernel& k) { return compile_kernel_emulated(k); }
                                 : &compile_kernel_cpu;
     switch (pass) {
@@ -59,55 +58,46 @@ std::unique_ptr<CpuKernel> build(Pass pass, const RelposSetup& setup) {
     return compile(relpos_table_reduce_program());
 }
 
+// Compiled programs by key_of, once per process: built, being built on a thread of its own,
+// or (deferred) built by the first caller that waits for it.
+using Built = std::shared_future<std::shared_ptr<const CpuKernel>>;
 struct Kernels {
     std::mutex mu;
-    std::map<std::string, std::unique_ptr<CpuKernel>> cache;
+    std::map<std::string, Built> cache;
+    std::size_t started_by_runs = 0;
 };
 Kernels& kernels() {
     static Kernels k;
     return k;
 }
 
-// Compiled once per process and shape, then cached.
-const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
+// The pass's program for setup's shape: cached, in flight, or started now (on a thread of its
+// own with `background`, else by whoever waits for it first); `by_run`: a run asks, not
+// relpos_precompile.
+Built start(Pass pass, const RelposSetup& setup, bool background, bool by_run = true) {
     Kernels& ks = kernels();
     std::lock_guard<std::mutex> lock(ks.mu);
-    auto& k = ks.cache[key_of(pass, setup)];
-    if (!k) k = build(pass, setup);
-    return *k;
+    auto [it, fresh] = ks.cache.try_emplace(key_of(pass, setup));
+    if (fresh && by_run) ++ks.started_by_runs;
+    if (fresh)
+        it->second = std::async(background ? std::launch::async : std::launch::deferred, build,
+                                pass, setup.shape, setup.emulated)
+                         .share();
+    return it->second;
+}
+
+const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
+    return *start(pass, setup, false).get();
 }
 
 // Compiles the passes not cached yet on threads of their own, all at once (a first backward
-// needs three programs, each taking LLVM a second or more; they do not depend on each other).
+// needs three programs, each taking LLVM a good part of a second; they do not depend on each
+// other).
 void prepare(std::initializer_list<Pass> passes, const RelposSetup& setup) {
-    Kernels& ks = kernels();
-    std::vector<Pass> missing;
-    {
-        std::lock_guard<std::mutex> lock(ks.mu);
-        for (Pass p : passes)
-            if (!ks.cache.count(key_of(p, setup))) missing.push_back(p);
-    }
-    if (missing.size() < 2) return;         // kernel() compiles a lone one where it is used
     CompilePhase phase("parallel_compile"); // the caller's wait counts as its compile time
-    std::vector<std::unique_ptr<CpuKernel>> built(missing.size());
-    std::vector<std::exception_ptr> errors(missing.size());
-    std::vector<std::thread> threads;
-    for (std::size_t k = 0; k < missing.size(); ++k)
-        threads.emplace_back([&, k] {
-            try {
-                built[k] = build(missing[k], setup);
-            } catch (...) {
-                errors[k] = std::current_exception();
-            }
-        });
-    for (auto& t : threads) t.join();
-    for (const auto& e : errors)
-        if (e) std::rethrow_exception(e);
-    std::lock_guard<std::mutex> lock(ks.mu);
-    for (std::size_t k = 0; k < missing.size(); ++k) {
-        auto& slot = ks.cache[key_of(missing[k], setup)];
-        if (!slot) slot = std::move(built[k]); // else another thread was first
-    }
+    std::vector<Built> built;
+    for (Pass p : passes) built.push_back(start(p, setup, true));
+    for (const Built& b : built) b.wait();
 }
 
 // f32 workspace counted by rag::memory (it is a Buffer).
@@ -253,6 +243,50 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
             }
     }
     return g;
+}
+
+namespace {
+// A batch of one empty sample (ragged extents 0) of schema s, or a dense tensor; nullopt with a
+// symbolic extent.
+std::optional<RaggedTensor> empty_of(const Schema& s) {
+    std::vector<std::int64_t> sizes;
+    for (const Axis& a : s.shape.axes) {
+        if (a.kind == AxisKind::symbolic) return std::nullopt;
+        sizes.push_back(a.is_ragged() ? 0 : a.extent);
+    }
+    return RaggedTensor::zeros(s.dtype, Structure::make(s.shape, 1, std::move(sizes)));
+}
+} // namespace
+
+void relpos_precompile(const ir::Function& f) {
+    for (const ir::Node& n : f.nodes) {
+        const bool grad = n.op == "relpos_attention_grad";
+        if ((!grad && n.op != "relpos_attention") || f.type(n.args[0]).dtype == DType::f64)
+            continue; // f64 runs the reference (jit/relpos_step.hpp)
+        std::vector<RaggedTensor> in;
+        for (std::size_t a = 0; a + (grad ? 1 : 0) < n.args.size(); ++a)
+            if (auto t = empty_of(f.type(n.args[a]))) in.push_back(*t);
+        if (in.size() + (grad ? 1 : 0) != n.args.size()) continue;
+        std::optional<Setup> s;
+        try {
+            s.emplace(relpos_setup(in, n.attrs, op_name, false));
+        } catch (const Error&) {
+            continue;
+        }
+        // What relpos_forward and relpos_backward will ask for (projections are not saved on
+        // the CPU tier: RelposOptions' default).
+        std::vector<Pass> passes = {Pass::forward};
+        if (grad) passes.insert(passes.end(), {Pass::query_grad, Pass::key_grad});
+        if (grad && (s->cfg.has[AQ] || s->cfg.has[AK] || s->cfg.has[BIAS]))
+            passes.push_back(Pass::reduce);
+        for (Pass p : passes) start(p, *s, true, false);
+    }
+}
+
+std::size_t relpos_programs_started_by_runs() {
+    Kernels& ks = kernels();
+    std::lock_guard<std::mutex> lock(ks.mu);
+    return ks.started_by_runs;
 }
 
 RaggedTensor RelposOnCpu::forward() {

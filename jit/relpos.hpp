@@ -10,6 +10,7 @@
 // This header knows nothing of LLVM.
 #pragma once
 #include "ir/attrs.hpp"
+#include "ir/ir.hpp"
 #include "runtime/tensor.hpp"
 
 #include <optional>
@@ -74,5 +75,16 @@ class RelposOnCpu {
 std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, const RaggedTensor& dO,
                                           const Attrs& at, const RelposForward* fwd = nullptr,
                                           const RelposOptions& opt = {});
+
+// Starts compiling, each on a thread of its own, the tile programs the relpos nodes of `f` will
+// run on the CPU, so that LLVM builds them while the caller compiles the rest of `f`: a first
+// call then waits for the longest compile, not for the sum. The programs depend on the
+// schemas and attrs only, not on lengths. Best effort: a node with a symbolic extent or inputs
+// the op rejects is left to its first run, which reports the error.
+void relpos_precompile(const ir::Function& f);
+
+// For tests: how many tile programs a run had to start compiling itself because no
+// relpos_precompile had started them (process-wide).
+std::size_t relpos_programs_started_by_runs();
 
 } // namespace rag::jit

@@ -3,6 +3,7 @@
 // agree, and each loss's derived gradient matches float64 central differences.
 #include "dsl/module.hpp"
 #include "frontend/lower.hpp"
+#include "jit/relpos.hpp"
 #include "tests/support/program.hpp"
 #include "tests/support/testing.hpp"
 
@@ -123,6 +124,30 @@ TEST(RelposEncoder, CompiledOncePerSchemaAcrossLengths) {
         EXPECT_EQ(m->stats().at(layer.train_step).compilations, 1) << layer.train_step;
         EXPECT_EQ(m->stats().at(layer.train_step).cache_hits, 3) << layer.train_step;
     }
+}
+
+// The first call of a function with relative-position attention finds its tile programs
+// already started by compilation (jit/relpos.hpp, relpos_precompile: LLVM builds them while
+// the function's own kernels compile), forward and backward: its runs start none. The scale
+// is this test's own, so no other test compiled these programs first.
+TEST(RelposEncoder, CompilationStartsTheTilePrograms) {
+    auto m = Module::compile(R"(
+fn loss(q: f32[B, ~N, 2, 8], k: f32[B, ~N, 2, 8], v: f32[B, ~N, 2, 8], t: f32[9, 2, 8]) -> f32[] {
+    return sum(sum(sum(relpos_attention(q, k, v, map=clip(4), aq=t, scale=0.3712))))
+}
+fn step(q: f32[B, ~N, 2, 8], k: f32[B, ~N, 2, 8], v: f32[B, ~N, 2, 8], t: f32[9, 2, 8]) -> f32[9, 2, 8] {
+    return grad(loss, wrt=t)(q, k, v, t)
+}
+)",
+                             "precompile.rag");
+    m->set_tier(Tier::jit);
+    std::vector<Shape_> shapes = {{5, 2, 8}, {11, 2, 8}};
+    const RaggedTensor q = random_batch(DType::f32, "~N, 2, 8", shapes);
+    const RaggedTensor t = random_dense(DType::f32, {9, 2, 8});
+    const std::size_t before = jit::relpos_programs_started_by_runs();
+    const Value g = m->call("step", {q, q, q, t});
+    EXPECT_EQ(jit::relpos_programs_started_by_runs(), before);
+    EXPECT_GT(g.tensor.numel(), 0);
 }
 
 TEST(RelposEncoder, TransformerXLRejectsSamplesPastItsTable) {
