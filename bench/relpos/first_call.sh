@@ -14,6 +14,8 @@ if [ -n "$(git status --porcelain --untracked-files=no -- . ':!bench/results')" 
   exit 1
 fi
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
 {
   echo "# Cold first call of the relpos training steps (issue 18)"
   echo
@@ -25,8 +27,9 @@ load_start=$(cut -d' ' -f1-3 /proc/loadavg)
   for fn in train_step_deberta train_step_txl; do
     walls=() users=()
     for _ in $(seq "$RUNS"); do
-      read -r w u < <( { /usr/bin/time -f "%e %U" env RAG_CACHE_DIR=off "$BUILD/dsl/rag" run \
-        examples/relpos_encoder.rag --fn "$fn" >/dev/null 2>/dev/null; } 2>&1 | tail -n 1)
+      /usr/bin/time -o "$tmp" -f "%e %U" env RAG_CACHE_DIR=off "$BUILD/dsl/rag" run \
+        examples/relpos_encoder.rag --fn "$fn" >/dev/null
+      read -r w u <"$tmp"
       walls+=("$w") users+=("$u")
     done
     med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
