@@ -8,6 +8,7 @@
 #include "frontend/lower.hpp"
 #include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
+#include "runtime/memory.hpp"
 #include "runtime/parallel.hpp"
 
 #include <pybind11/stl.h>
@@ -146,7 +147,8 @@ std::string type_name(py::handle obj) {
 
 // A params group's fields in order (dotted name, schema), by group type name: built from the
 // program's declarations once per module, as a call converts a dict of arrays field by field.
-using RecordLeaves = std::map<std::string, std::vector<std::pair<std::string, Schema>>, std::less<>>;
+using RecordLeaves =
+    std::map<std::string, std::vector<std::pair<std::string, Schema>>, std::less<>>;
 
 // What one call knows while converting its arguments: the batch names of the signature, the
 // dtypes its type parameters are bound to (by rag.Tensor arguments, then by inference), and
@@ -1203,6 +1205,15 @@ or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [
         "Results are bitwise the same for any count.");
     m.def("num_threads", &num_threads, "Threads rag's kernels use.");
     m.def(
+        "empty_cache",
+        [] {
+            memory::release_cached();
+            cuda::release_cached();
+        },
+        "Returns the memory rag keeps for reuse to the system: freed host blocks (the cache "
+        "holds at most the process's peak of live bytes minus those live now; "
+        "RAG_HOST_CACHE_MB caps it) and, with a GPU, freed device blocks.");
+    m.def(
         "from_packed",
         [](py::object values, py::object lengths, const std::string& spec, py::object dtype) {
             return from_packed(values, lengths, spec, dtype);
@@ -1210,14 +1221,14 @@ or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [
         "values"_a, "lengths"_a, "spec"_a, "dtype"_a = py::none(),
         R"(A batch from packed values and lengths, t.packed()'s inverse. values: [rows, static
 extents...] (an array or any DLPack producer such as a torch tensor; zero copy when it is
-C-contiguous, 64-byte aligned and of the dtype). lengths: one row of B extents per ragged name
+C-contiguous, aligned to its element size and of the dtype). lengths: one row of B extents per ragged name
 (a dict by name, a list in order, or one row for one name). spec: the per-sample axes,
 "~N, 128", "[B, ~N, ~N, 64]" or "f32[B, ~N, 4]".)");
     m.def(
         "from_dlpack", [](py::object obj, bool batched) { return from_dlpack(obj, batched); },
         "obj"_a, "batched"_a = false,
         "A tensor from a DLPack producer (NumPy, PyTorch, ...) in CPU memory; zero copy when the\n"
-        "memory is C-contiguous and 64-byte aligned, one copy otherwise.");
+        "memory is C-contiguous and aligned to its element size, one copy otherwise.");
 
     install_argument_errors(m);
 }

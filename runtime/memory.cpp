@@ -14,6 +14,9 @@ namespace rag::memory {
 namespace {
 
 std::atomic<std::size_t> current_bytes{0}, peak_bytes{0};
+// The same for the blocks as allocated (their size classes), now and at most ever (reset_peak
+// does not touch it): what bounds the cache.
+std::atomic<std::size_t> held_bytes{0}, held_high_water{0};
 
 // Blocks below this size go to malloc directly (its bins serve them without page faults).
 constexpr std::size_t kCachedFrom = std::size_t(1) << 16;
@@ -33,9 +36,10 @@ std::size_t live_size(std::size_t bytes) {
     return (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
 }
 
+// RAG_HOST_CACHE_MB, when set: a fixed cap on top of the high-water bound.
 std::size_t cache_cap() {
     const char* env = std::getenv("RAG_HOST_CACHE_MB");
-    return (env ? std::strtoull(env, nullptr, 10) : 1024ull) << 20;
+    return env ? std::size_t(std::strtoull(env, nullptr, 10)) << 20 : SIZE_MAX;
 }
 
 struct Cache {
@@ -44,11 +48,19 @@ struct Cache {
     std::size_t bytes = 0;
     const std::size_t cap = cache_cap();
 
-    void drop_all() { // with mutex held
-        for (auto& [size, blocks] : free_blocks)
-            for (void* p : blocks) std::free(p);
-        free_blocks.clear();
-        bytes = 0;
+    // Frees cached blocks, largest first, until at most `keep` bytes stay (mutex held).
+    void shrink_to(std::size_t keep) {
+        while (bytes > keep && !free_blocks.empty()) {
+            auto last = std::prev(free_blocks.end());
+            if (last->second.empty()) { // a class acquire() emptied
+                free_blocks.erase(last);
+                continue;
+            }
+            std::free(last->second.back());
+            last->second.pop_back();
+            bytes -= last->first;
+            if (last->second.empty()) free_blocks.erase(last);
+        }
     }
 };
 
@@ -57,11 +69,19 @@ Cache& cache() {
     return *c;
 }
 
-void count_live(std::size_t bytes) {
-    const std::size_t now = current_bytes += bytes;
-    std::size_t peak = peak_bytes.load();
-    while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+void raise_to(std::atomic<std::size_t>& max, std::size_t now) {
+    std::size_t seen = max.load();
+    while (now > seen && !max.compare_exchange_weak(seen, now)) {
     }
+}
+
+void count_live(std::size_t bytes, std::size_t size) {
+    raise_to(peak_bytes, current_bytes += bytes);
+    raise_to(held_high_water, held_bytes += size);
+}
+void count_released(std::size_t bytes, std::size_t size) {
+    current_bytes -= bytes;
+    held_bytes -= size;
 }
 
 } // namespace
@@ -78,7 +98,7 @@ void reset_peak() {
 
 void* acquire(std::size_t bytes) {
     const std::size_t size = size_class(bytes ? bytes : 1);
-    count_live(live_size(bytes));
+    count_live(live_size(bytes), size);
     if (size >= kCachedFrom) {
         Cache& c = cache();
         std::lock_guard lock(c.mutex);
@@ -92,7 +112,7 @@ void* acquire(std::size_t bytes) {
     }
     void* p = std::aligned_alloc(64, size);
     if (!p) {
-        current_bytes -= live_size(bytes);
+        count_released(live_size(bytes), size);
         fail("out of memory allocating ", bytes, " bytes");
     }
     return p;
@@ -101,12 +121,16 @@ void* acquire(std::size_t bytes) {
 void release(void* p, std::size_t bytes) {
     if (!p) return;
     const std::size_t size = size_class(bytes ? bytes : 1);
-    current_bytes -= live_size(bytes);
+    count_released(live_size(bytes), size);
     if (size >= kCachedFrom) {
         Cache& c = cache();
         std::lock_guard lock(c.mutex);
-        if (size <= c.cap) {
-            if (c.bytes + size > c.cap) c.drop_all();
+        // Live and cached bytes together stay within the most the process ever had live, so
+        // the cache never raises its peak memory; RAG_HOST_CACHE_MB caps it further.
+        const std::size_t live = held_bytes.load(), most = held_high_water.load();
+        const std::size_t limit = std::min(c.cap, most > live ? most - live : 0);
+        if (size <= limit) {
+            c.shrink_to(limit - size);
             c.free_blocks[size].push_back(p);
             c.bytes += size;
             return;
@@ -118,7 +142,7 @@ void release(void* p, std::size_t bytes) {
 void release_cached() {
     Cache& c = cache();
     std::lock_guard lock(c.mutex);
-    c.drop_all();
+    c.shrink_to(0);
 }
 
 } // namespace rag::memory

@@ -15,7 +15,9 @@ print(f"# Image benchmark (issue 16)\n\ncommit {meta.get('commit')}"
       f"{meta.get('threads')} threads, median of {meta.get('calls')} timed calls after a warm-up of at least 0.5 s; "
       f"load average {meta.get('loadavg_start')} -> {meta.get('loadavg_end')} (a shared, noisy "
       f"machine). B = 8; rag padded runs the FCN only (padded patches are numbered over the padded "
-      f"grid, so the ViT cannot run padded).\n")
+      f"grid, so the ViT cannot run padded). Peak RSS growth: over one more call after the timed "
+      f"ones, with rag's host block cache emptied first (`rag.empty_cache()`), so every "
+      f"system's figure is what one step needs.\n")
 print("| model | profile | rho_image | pass | system | ms/step | peak RSS growth MiB "
       "| rag ragged speedup |")
 print("|---|---|---|---|---|---|---|---|")

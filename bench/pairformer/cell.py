@@ -39,7 +39,7 @@ def main():
         step = lambda: m.loss(s, z, ts, tz, p)  # noqa: E731
     else:  # the same params every call, so each call does the same work
         step = lambda: m.train_step(s, z, ts, tz, p, st, lr)[0]  # noqa: E731
-    r = measure(step, a.calls, a.budget)
+    r = measure(step, a.calls, a.budget, rag.empty_cache)
     r.update(system="rag " + a.system, profile=a.profile, what=a.what, lengths=lengths,
              rho_pair=rho_pair(lengths),
              compile_s=round(sum(v.get("compile_seconds", 0) for v in m.stats().values()), 2))

@@ -62,7 +62,7 @@ base = dict(model=a.model, profile=a.profile, system="rag-" + ("padded" if a.pad
 for is_fwd, step in ((True, fwd), (False, train)):
     if a.only and a.only != ("fwd" if is_fwd else "train"):
         continue
-    r = timing.measure(step, a.calls, a.budget)
+    r = timing.measure(step, a.calls, a.budget, rag.empty_cache)
     fn = "loss" if is_fwd else "train_step"
     st = m.stats()[fn]
     r.update(compilations=st["compilations"], compile_s=round(st["compile_seconds"], 3))
