@@ -6,7 +6,10 @@
 #include "jit/segmented.hpp"
 #include "runtime/parallel.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <type_traits>
 
 namespace rag::jit {
@@ -46,7 +49,32 @@ struct Rows {
     }
 };
 
+// Elements of a scores block one thread may hold (RAG_ATTENTION_SCRATCH; default 4M, 16 MiB
+// of f32): a row block of N queries whose N x M scores fit runs whole (one GEMM per product),
+// a larger one in key tiles with an online softmax.
+std::int64_t scratch_elements() {
+    const char* env = std::getenv("RAG_ATTENTION_SCRATCH");
+    const long long n = env ? std::atoll(env) : 0;
+    return n > 0 ? n : std::int64_t(1) << 22;
+}
+
+// Keys per tile for N queries over M keys: M when N x M fits the scratch, else the most keys,
+// a multiple of 16 and at least 16, whose N x tile block fits. A function of N and M alone,
+// so the sums (and the bits) do not depend on the thread count.
+std::int64_t key_tile(std::int64_t N, std::int64_t M) {
+    const std::int64_t budget = scratch_elements();
+    if (N * M <= budget) return M;
+    return std::max<std::int64_t>(16, budget / std::max<std::int64_t>(N, 1) / 16 * 16);
+}
+
 template <class T> struct Run {
+    // Per-thread scratch of the whole-row path (s, p, dp, db: N x M) and of the key tiles
+    // (s, dp: N x tile; the rest N x width).
+    struct Scratch {
+        std::vector<T> s, p, dp, db, acc, pv, o, dq;
+        std::vector<double> m, l, lse, delta;
+    };
+
     const std::vector<const RaggedTensor*>& in;
     const Dims& d;
     bool forward;
@@ -66,12 +94,34 @@ template <class T> struct Run {
     }
 
     // One (sample, head): its rows in order, so the bias gradient sums them in a fixed order.
-    void unit(std::int64_t i, std::int64_t h, std::vector<T>& s, std::vector<T>& p,
-              std::vector<T>& dp, std::vector<T>& db) {
+    void unit(std::int64_t i, std::int64_t h, Scratch& w) {
         const Rows q{in[0], d.axis}, k{in[1], d.axis}, v{in[2], d.axis};
         const std::int64_t N = q.len(i), M = k.len(i), R = q.rows(i);
         const std::int64_t ld = d.H * d.D, ldv = d.H * d.Dv;
         const T* bias = data(3) + in[3]->structure().sample_begin(i) + h;
+        const std::int64_t tile = key_tile(N, M);
+        if (tile < M) { // key tiles with an online softmax: scratch N x tile, not N x M
+            for (std::int64_t r = 0; r < R; ++r) {
+                const RowBlock b{data(0) + q.at(i, r, d.H, d.D) + h * d.D,
+                                 data(1) + k.at(i, r, d.H, d.D) + h * d.D,
+                                 data(2) + v.at(i, r, d.H, d.Dv) + h * d.Dv,
+                                 bias,
+                                 N,
+                                 M};
+                if (forward)
+                    tiled_forward(b, tile, w,
+                                  dst(0) + Rows{&out[0], d.axis}.at(i, r, d.H, d.Dv) + h * d.Dv);
+                else
+                    tiled_backward(
+                        b, tile, w, data(4) + Rows{in[4], d.axis}.at(i, r, d.H, d.Dv) + h * d.Dv,
+                        Grads{want[0] ? dst(0) + q.at(i, r, d.H, d.D) + h * d.D : nullptr,
+                              want[1] ? dst(1) + k.at(i, r, d.H, d.D) + h * d.D : nullptr,
+                              want[2] ? dst(2) + v.at(i, r, d.H, d.Dv) + h * d.Dv : nullptr,
+                              want[3] ? dst(3) + in[3]->structure().sample_begin(i) + h : nullptr});
+            }
+            return;
+        }
+        std::vector<T>&s = w.s, &p = w.p, &dp = w.dp, &db = w.db;
         s.resize(std::size_t(N * M));
         p.resize(s.size());
         if (want[3]) db.assign(s.size(), T(0));
@@ -115,11 +165,138 @@ template <class T> struct Run {
         }
     }
 
+    // ---- key tiles ----------------------------------------------------------------------
+    // One row's attention, N queries over M keys, at the head's offsets (q, k: stride H * D;
+    // v, O: stride H * Dv; bias: [N, M] with stride H).
+    struct RowBlock {
+        const T *Q, *K, *V, *bias;
+        std::int64_t N, M;
+    };
+    // Where a row's gradients go (null: not wanted). dbias accumulates over a sample's rows.
+    struct Grads {
+        T *dQ, *dK, *dV, *dbias;
+    };
+
+    // s[N, t] = scale Q K[k0 : k0 + t]^T + bias[:, k0 : k0 + t] (-inf past the diagonal when
+    // causal).
+    void tile_scores(const RowBlock& b, std::int64_t k0, std::int64_t t, T* s) const {
+        const std::int64_t ld = d.H * d.D;
+        gemm(false, true, b.N, t, d.D, d.scale, b.Q, ld, b.K + k0 * ld, ld, s, t);
+        for (std::int64_t n = 0; n < b.N; ++n)
+            for (std::int64_t j = 0; j < t; ++j) {
+                T& x = s[n * t + j];
+                x = d.causal && k0 + j > n ? -std::numeric_limits<T>::infinity()
+                                           : x + b.bias[(n * b.M + k0 + j) * d.H];
+            }
+    }
+
+    // The online softmax over key tiles: m, l (row max and sum of exp(s - m)) and
+    // acc = sum of exp(s - m) V, rescaled as m grows; O = acc / l (0 for a row without keys).
+    // Also the row log-sum-exp (-inf without keys) when `lse` is given.
+    void online(const RowBlock& b, std::int64_t tile, Scratch& w, T* O, std::int64_t ldo,
+                double* lse) const {
+        const std::int64_t ldv = d.H * d.Dv, N = b.N;
+        w.s.resize(std::size_t(N * tile));
+        w.acc.assign(std::size_t(N * d.Dv), T(0));
+        w.pv.resize(w.acc.size());
+        w.m.assign(std::size_t(N), -std::numeric_limits<double>::infinity());
+        w.l.assign(std::size_t(N), 0.0);
+        for (std::int64_t k0 = 0; k0 < b.M; k0 += tile) {
+            const std::int64_t t = std::min(tile, b.M - k0);
+            T* s = w.s.data();
+            tile_scores(b, k0, t, s);
+            for (std::int64_t n = 0; n < N; ++n) {
+                T* row = s + n * t;
+                double top = w.m[std::size_t(n)];
+                for (std::int64_t j = 0; j < t; ++j) top = std::max(top, double(row[j]));
+                if (top == -std::numeric_limits<double>::infinity()) { // no key yet
+                    std::fill(row, row + t, T(0));
+                    continue;
+                }
+                const double keep = std::exp(w.m[std::size_t(n)] - top); // 0 from -inf
+                double sum = 0;
+                for (std::int64_t j = 0; j < t; ++j) {
+                    row[j] = T(std::exp(double(row[j]) - top));
+                    sum += double(row[j]);
+                }
+                w.l[std::size_t(n)] = w.l[std::size_t(n)] * keep + sum;
+                w.m[std::size_t(n)] = top;
+                for (std::int64_t e = 0; e < d.Dv; ++e) w.acc[std::size_t(n * d.Dv + e)] *= T(keep);
+            }
+            gemm(false, false, N, d.Dv, t, 1.0, s, t, b.V + k0 * ldv, ldv, w.pv.data(), d.Dv);
+            for (std::size_t e = 0; e < w.acc.size(); ++e) w.acc[e] += w.pv[e];
+        }
+        for (std::int64_t n = 0; n < N; ++n) {
+            const double l = w.l[std::size_t(n)];
+            for (std::int64_t e = 0; e < d.Dv; ++e)
+                O[n * ldo + e] = l > 0 ? T(double(w.acc[std::size_t(n * d.Dv + e)]) / l) : T(0);
+            if (lse) lse[n] = l > 0 ? w.m[std::size_t(n)] + std::log(l) : w.m[std::size_t(n)];
+        }
+    }
+
+    void tiled_forward(const RowBlock& b, std::int64_t tile, Scratch& w, T* O) const {
+        online(b, tile, w, O, d.H * d.Dv, nullptr);
+    }
+
+    // The forward again for O and the log-sum-exp, then per key tile: P = exp(s - lse),
+    // dV and dK of the tile's keys (complete within it), dS = P o (dO V^T - rowsum(dO o O)),
+    // dQ summed over the tiles in order, dbias added in place.
+    void tiled_backward(const RowBlock& b, std::int64_t tile, Scratch& w, const T* dO,
+                        const Grads& g) const {
+        const std::int64_t N = b.N, ld = d.H * d.D, ldv = d.H * d.Dv;
+        w.o.resize(std::size_t(N * d.Dv));
+        w.lse.resize(std::size_t(N));
+        online(b, tile, w, w.o.data(), d.Dv, w.lse.data());
+        w.delta.resize(std::size_t(N));
+        for (std::int64_t n = 0; n < N; ++n) {
+            double sum = 0;
+            for (std::int64_t e = 0; e < d.Dv; ++e)
+                sum += double(dO[n * ldv + e]) * double(w.o[std::size_t(n * d.Dv + e)]);
+            w.delta[std::size_t(n)] = sum;
+        }
+        w.dp.resize(std::size_t(N * tile));
+        w.dq.resize(std::size_t(N * d.D));
+        for (std::int64_t k0 = 0; k0 < b.M; k0 += tile) {
+            const std::int64_t t = std::min(tile, b.M - k0);
+            T *s = w.s.data(), *dp = w.dp.data();
+            tile_scores(b, k0, t, s);
+            for (std::int64_t n = 0; n < N; ++n) // P, in place of the scores
+                for (std::int64_t j = 0; j < t; ++j) {
+                    const double lse = w.lse[std::size_t(n)];
+                    T& x = s[n * t + j];
+                    x = lse == -std::numeric_limits<double>::infinity()
+                            ? T(0)
+                            : T(std::exp(double(x) - lse));
+                }
+            if (g.dV) // dV[k0 : k0 + t] = P^T dO
+                gemm(true, false, t, d.Dv, N, 1.0, s, t, dO, ldv, g.dV + k0 * ldv, ldv);
+            if (!g.dQ && !g.dK && !g.dbias) continue;
+            gemm(false, true, N, t, d.Dv, 1.0, dO, ldv, b.V + k0 * ldv, ldv, dp, t);
+            for (std::int64_t n = 0; n < N; ++n)
+                for (std::int64_t j = 0; j < t; ++j) {
+                    T& x = dp[n * t + j];
+                    x = s[n * t + j] * T(double(x) - w.delta[std::size_t(n)]);
+                }
+            if (g.dbias)
+                for (std::int64_t n = 0; n < N; ++n)
+                    for (std::int64_t j = 0; j < t; ++j)
+                        g.dbias[(n * b.M + k0 + j) * d.H] += dp[n * t + j];
+            if (g.dK) // dK[k0 : k0 + t] = scale dS^T Q
+                gemm(true, false, t, d.D, N, d.scale, dp, t, b.Q, ld, g.dK + k0 * ld, ld);
+            if (g.dQ) { // dQ += scale dS K[k0 : k0 + t], tile by tile
+                gemm(false, false, N, d.D, t, d.scale, dp, t, b.K + k0 * ld, ld, w.dq.data(), d.D);
+                for (std::int64_t n = 0; n < N; ++n)
+                    for (std::int64_t e = 0; e < d.D; ++e)
+                        g.dQ[n * ld + e] += w.dq[std::size_t(n * d.D + e)];
+            }
+        }
+    }
+
     void operator()() {
         const std::int64_t B = in[0]->batch();
         parallel_for(B * d.H, 1, [&](std::int64_t u0, std::int64_t u1) {
-            std::vector<T> s, p, dp, db;
-            for (std::int64_t u = u0; u < u1; ++u) unit(u / d.H, u % d.H, s, p, dp, db);
+            Scratch w;
+            for (std::int64_t u = u0; u < u1; ++u) unit(u / d.H, u % d.H, w);
         });
     }
 };

@@ -11,9 +11,9 @@
 //
 // The cache holds at most the process's high-water mark of live bytes minus the bytes live
 // now, so live plus cached never exceeds the most the computation itself needed at once: a
-// step's whole working set stays resident between calls (a fixed 1 GiB cap emptied itself in
-// every BERT-Small training step, whose working set is larger, and its GELU passes then ran
-// 10x slower, page-faulting), and the cache never raises the process's peak.
+// step's whole working set stays resident between calls, however large (a fixed 1 GiB cap
+// emptied the whole cache whenever a larger step passed it), and the cache never raises the
+// process's peak.
 #pragma once
 #include <cstddef>
 

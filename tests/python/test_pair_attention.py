@@ -262,3 +262,58 @@ def test_gradients_are_bitwise_the_same_across_thread_counts():
         assert out.returncode == 0, out.stderr
         digests.add(out.stdout.strip())
     assert len(digests) == 1, digests
+
+
+@pytest.mark.parametrize("scratch", ["0", "64"])
+def test_gradients_are_bitwise_the_same_across_thread_counts_whole_or_in_key_tiles(scratch):
+    # RAG_ATTENTION_SCRATCH=64: every row block runs in key tiles (16 keys: ns up to 31).
+    with tempfile.NamedTemporaryFile("w", suffix=".rag", delete=False) as f:
+        f.write(SRC.replace("f64", "f32"))
+    digests = set()
+    for threads in ("1", "2", "3"):
+        env = dict(os.environ, RAG_NUM_THREADS=threads)
+        if scratch != "0":
+            env["RAG_ATTENTION_SCRATCH"] = scratch
+        out = subprocess.run([sys.executable, "-c", CHILD, f.name], capture_output=True,
+                             text=True, env=env, timeout=600)
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1, digests
+
+
+# ---- key tiles with an online softmax (rows whose N x M scores pass RAG_ATTENTION_SCRATCH) ----
+
+@pytest.fixture
+def tiled(monkeypatch):
+    """The JIT module with a 64-element scores budget: a row block of N queries over M keys
+    with N * M > 64 runs in tiles of 16 keys (so M > 16 takes several), the rest whole."""
+    monkeypatch.setenv("RAG_ATTENTION_SCRATCH", "64")
+    return rag.compile(SRC, "pair_attention_tiled.rag", tier="jit")
+
+
+def test_key_tiles_match_numpy(tiled):
+    rng = np.random.default_rng(11)
+    q, k, v, b = singles_data(rng, [5, 33, 1, 0, 4], [40, 17, 37, 3, 0])
+    close(tiled.single(q, k, v, b).to_list(), [ref_single(*a) for a in zip(q, k, v, b)])
+    q, k, v, b = singles_data(rng, [40, 20, 3], [40, 20, 3])
+    close(tiled.single_causal(q, k, v, b).to_list(),
+          [ref_single(*a, scale=0.3, causal=True) for a in zip(q, k, v, b)])
+    q, k, v, b = tri_data(rng, [20, 35, 2])
+    close(tiled.tri(q, k, v, b).to_list(), [ref_tri(*a) for a in zip(q, k, v, b)])
+
+
+@pytest.mark.parametrize("kind", ["single", "tri"])
+def test_key_tile_gradients_match_central_differences(tiled, kind):
+    rng = np.random.default_rng(12)
+    if kind == "single":
+        ins = list(singles_data(rng, [2, 3], [40, 35]))
+        w = [rng.standard_normal((n, 2, 2)) for n in (2, 3)]
+    else:
+        ins = list(tri_data(rng, [17, 5]))
+        w = [rng.standard_normal((n, n, 2, 2)) for n in (17, 5)]
+    loss = lambda: float(getattr(tiled, "loss_" + kind)(*ins, w))  # noqa: E731
+    for a, x in enumerate("qkvb"):
+        got = getattr(tiled, f"d{x}_loss_{kind}")(*ins, w).to_list()
+        # Sample 0 runs in tiles (N x M > 64, M > 16): central differences over every element.
+        np.testing.assert_allclose(got[0], central(loss, ins[a], 0), rtol=1e-6, atol=1e-8,
+                                   err_msg=f"d{x}")
