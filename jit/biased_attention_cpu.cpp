@@ -301,8 +301,9 @@ template <class T> struct Run {
     }
 };
 
-// Runtime lengths the reference kernel would reject: it runs instead and names the sample.
-bool lengths_agree(const std::vector<const RaggedTensor*>& in, int axis) {
+} // namespace
+
+bool biased_lengths_agree(const std::vector<const RaggedTensor*>& in, int axis) {
     const std::int64_t B = in[0]->batch();
     for (const RaggedTensor* t : in)
         if (t->batch() != B) return false;
@@ -321,7 +322,15 @@ bool lengths_agree(const std::vector<const RaggedTensor*>& in, int axis) {
     return true;
 }
 
-} // namespace
+StructurePtr biased_out_structure(const RaggedTensor& q, const Shape& shape, std::int64_t Dv) {
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t s = 0; s < q.batch(); ++s) {
+        auto sh = q.structure().sample_shape(s);
+        sizes.insert(sizes.end(), sh.begin(), sh.end());
+        sizes.back() = Dv;
+    }
+    return Structure::make(shape, q.batch(), std::move(sizes));
+}
 
 bool is_biased_attention(const ir::Node& n) {
     return (n.op == "biased_attention" || n.op == "biased_attention_grad") &&
@@ -338,7 +347,7 @@ void run_biased_attention(const ir::Function& f, int i, const std::vector<int>& 
         args.push_back(vals[std::size_t(a)]);
     }
     const int axis = int(n.attrs.get_int("axis", 1));
-    if (!lengths_agree(in, axis)) {
+    if (!biased_lengths_agree(in, axis)) {
         vals[std::size_t(i)] = reference_kernel(n.op, args, n.attrs); // throws, naming the sample
         return;
     }
@@ -356,16 +365,7 @@ void run_biased_attention(const ir::Function& f, int i, const std::vector<int>& 
     bool want[4] = {false, false, false, false};
     std::vector<RaggedTensor> out(4);
     if (forward) {
-        out[0] =
-            RaggedTensor::zeros(n.type.dtype, Structure::make(n.type.shape, in[0]->batch(), [&] {
-                                    std::vector<std::int64_t> sizes;
-                                    for (std::int64_t s = 0; s < in[0]->batch(); ++s) {
-                                        auto sh = in[0]->structure().sample_shape(s);
-                                        sizes.insert(sizes.end(), sh.begin(), sh.end());
-                                        sizes.back() = d.Dv;
-                                    }
-                                    return sizes;
-                                }()));
+        out[0] = RaggedTensor::zeros(n.type.dtype, biased_out_structure(*in[0], n.type.shape, d.Dv));
     } else {
         for (int v : nodes) {
             const std::int64_t w = f.nodes[std::size_t(v)].attrs.get_int("wrt");

@@ -1,5 +1,6 @@
 #include "jit/biased_attention_programs.hpp"
 
+#include "jit/biased_attention_cpu.hpp"
 #include "jit/kir_cpu.hpp"
 #include "runtime/error.hpp"
 
@@ -353,17 +354,10 @@ std::vector<RaggedTensor> biased_attention_programs_cpu(std::span<const RaggedTe
     const BiasedWork w = biased_work(in, at);
     auto ptr = [](const RaggedTensor& t) { return const_cast<void*>(t.data()); };
     std::vector<float> lse(std::size_t(std::max<std::int64_t>(w.tokens * w.H, 1)));
-    // O takes q's structure with v's width (what the op's result is).
-    std::vector<std::int64_t> sizes;
-    for (std::int64_t s = 0; s < in[0].batch(); ++s) {
-        auto sh = in[0].structure().sample_shape(s);
-        sizes.insert(sizes.end(), sh.begin(), sh.end());
-        sizes.back() = w.shape.Dv;
-    }
-    Shape oshape = in[0].shape();
+    Shape oshape = in[0].shape(); // the op's result: q's with v's width
     oshape.axes.back() = Axis::fixed_of(w.shape.Dv);
     RaggedTensor out =
-        RaggedTensor::zeros(DType::f32, Structure::make(oshape, in[0].batch(), std::move(sizes)));
+        RaggedTensor::zeros(DType::f32, biased_out_structure(in[0], oshape, w.shape.Dv));
     std::vector<std::int64_t> fwd = w.forward, keys = w.keys, queries = w.queries;
     const std::int64_t params[] = {w.H};
     void* fbufs[] = {ptr(in[0]), ptr(in[1]),         ptr(in[2]), ptr(in[3]),

@@ -1,6 +1,8 @@
 #include "jit/gpu_function.hpp"
 
 #include "ir/interpreter.hpp"
+#include "jit/biased_attention_cpu.hpp"
+#include "jit/biased_attention_programs.hpp"
 #include "jit/cpu_jit.hpp"
 #include "jit/gemm_programs.hpp"
 #include "jit/kir_emulator.hpp"
@@ -164,6 +166,72 @@ bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also
     return true;
 }
 
+// attention(q, k, v, bias=) and triangle attention (f32) on the device through their tile
+// programs (jit/biased_attention_programs.hpp): node i and its sibling gradients `also` from
+// one backward (after the forward, whose O and log-sum-exp it reads). Says whether they ran
+// here: other dtypes, and lengths the op rejects (the host step names the sample), do not.
+bool run_biased_program(const ir::Function& f, int i, const std::vector<int>& also,
+                        std::vector<RaggedTensor>& vals, DeviceValues& dev) {
+    const ir::Node& n = f.nodes[std::size_t(i)];
+    const bool grad = n.op == "biased_attention_grad";
+    if ((!grad && n.op != "biased_attention") || n.type.dtype != DType::f32) return false;
+    std::vector<RaggedTensor> in;
+    std::vector<const RaggedTensor*> all;
+    for (int a : n.args) all.push_back(&vals[std::size_t(a)]);
+    for (int a = 0; a < 4; ++a) in.push_back(*all[std::size_t(a)]);
+    for (const RaggedTensor* t : all)
+        if (t->dtype() != DType::f32) return false;
+    if (!biased_lengths_agree(all, int(n.attrs.get_int("axis", 1)))) return false;
+    const BiasedWork w = biased_work(in, n.attrs);
+    const BiasedShape& s = w.shape;
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%a", s.scale); // exact: baked into the programs
+    const std::string shape = std::to_string(s.D) + "/" + std::to_string(s.Dv) + "/" +
+                              std::to_string(s.causal) + "/" + scale;
+    auto program = [&](const char* pass, kir::Kernel (*make)(const BiasedShape&)) -> auto& {
+        return gpu_kernel(std::string("biased/") + pass + "/" + shape, [&] { return make(s); });
+    };
+    const std::int64_t params[] = {w.H};
+    const std::uint64_t q = dev.of(in[0]).ptr(), k = dev.of(in[1]).ptr(), v = dev.of(in[2]).ptr(),
+                        bias = dev.of(in[3]).ptr();
+    Shape oshape = in[0].shape();
+    oshape.axes.back() = Axis::fixed_of(s.Dv);
+    const StructurePtr ost = biased_out_structure(in[0], oshape, s.Dv);
+    cuda::Buffer out = device_zeros(std::size_t(ost->numel()) * 4);
+    cuda::Buffer lse = device_zeros(std::size_t(std::max<std::int64_t>(w.tokens * w.H, 1)) * 4);
+    if (w.grid(w.forward) > 0) {
+        const std::uint64_t ptrs[] = {q,         k,        v, bias, dev.table(w.forward).ptr(),
+                                      out.ptr(), lse.ptr()};
+        program("forward", biased_forward_program).launch(w.grid(w.forward), ptrs, params);
+    }
+    if (!grad) {
+        vals[std::size_t(i)] = dev.result(std::move(out), DType::f32, ost);
+        return true;
+    }
+    const std::uint64_t dO = dev.of(*all[4]).ptr();
+    std::vector<cuda::Buffer> g;
+    for (const RaggedTensor& t : in) g.push_back(device_zeros(std::size_t(t.numel()) * 4));
+    if (w.grid(w.keys) > 0) {
+        const std::uint64_t ptrs[] = {q,  k,         v,         bias,       dev.table(w.keys).ptr(),
+                                      dO, out.ptr(), lse.ptr(), g[1].ptr(), g[2].ptr()};
+        program("key_grad", biased_key_grad_program).launch(w.grid(w.keys), ptrs, params);
+    }
+    if (w.grid(w.queries) > 0) {
+        const std::uint64_t ptrs[] = {
+            q,  k,         v,         bias,       dev.table(w.queries).ptr(),
+            dO, out.ptr(), lse.ptr(), g[0].ptr(), g[3].ptr()};
+        program("query_grad", biased_query_grad_program).launch(w.grid(w.queries), ptrs, params);
+    }
+    std::vector<int> nodes = {i};
+    nodes.insert(nodes.end(), also.begin(), also.end());
+    for (int node : nodes) {
+        const std::size_t wrt = std::size_t(f.nodes[std::size_t(node)].attrs.get_int("wrt"));
+        vals[std::size_t(node)] =
+            dev.result(std::move(g.at(wrt)), DType::f32, in[wrt].structure_ptr());
+    }
+    return true;
+}
+
 // One relpos application on the device (jit/relpos_step.hpp): the forward's O and
 // log-sum-exp stay there for the backward.
 class RelposOnGpu {
@@ -227,7 +295,8 @@ class CompiledGpu final : public GpuFunction {
                 continue;
             }
             if (run_segment_program(n, i, vals, dev) || run_gemm_program(n, i, vals, dev) ||
-                run_norm_program(f_, s.index, s.also, vals, dev)) {
+                run_norm_program(f_, s.index, s.also, vals, dev) ||
+                run_biased_program(f_, s.index, s.also, vals, dev)) {
                 count(place, n, refs, true);
                 continue;
             }

@@ -252,6 +252,43 @@ TEST(GpuExec, GpuTierRunsRelposAndReductionsOnTheDevice) {
     expect_gpu_matches_cpu(f, in);
 }
 
+// attention with a bias and triangle attention, forward and every gradient, through their tile
+// programs on the device, against the CPU tier; no step runs on the host.
+TEST(GpuExec, GpuTierRunsBiasedAttentionOnTheDevice) {
+    std::vector<std::pair<ir::Function, std::vector<RaggedTensor>>> cases;
+    for (int axis : {1, 2}) {
+        const std::vector<Shape_> lengths = {{70}, {0}, {1}, {9}};
+        const std::string q_axes = axis == 1 ? "~N, 2, 8" : "~N, ~N, 2, 8";
+        const std::string v_axes = axis == 1 ? "~N, 2, 4" : "~N, ~N, 2, 4";
+        const RaggedTensor q = random_batch(DType::f32, q_axes, shapes_for(q_axes, lengths));
+        const RaggedTensor k = random_batch(DType::f32, q_axes, shapes_for(q_axes, lengths));
+        const RaggedTensor v = random_batch(DType::f32, v_axes, shapes_for(v_axes, lengths));
+        const RaggedTensor bias =
+            random_batch(DType::f32, "~N, ~N, 2", shapes_for("~N, ~N, 2", lengths));
+        const RaggedTensor dO = random_batch(DType::f32, v_axes, shapes_for(v_axes, lengths));
+        ir::Function f;
+        f.name = "biased_axis" + std::to_string(axis);
+        ir::Builder b(f);
+        std::vector<int> args = {b.input(q.schema(), "q"), b.input(k.schema(), "k"),
+                                 b.input(v.schema(), "v"), b.input(bias.schema(), "bias")};
+        const Attrs at{{"axis", std::int64_t(axis)}};
+        f.outputs.push_back(b.op("biased_attention", args, at));
+        args.push_back(b.input(dO.schema(), "dO"));
+        for (std::int64_t wrt = 0; wrt < 4; ++wrt)
+            f.outputs.push_back(b.op("biased_attention_grad", args, Attrs(at).set("wrt", wrt)));
+        ir::verify(f);
+        cases.push_back({f, {q, k, v, bias, dO}});
+    }
+    SKIP_WITHOUT_DEVICE();
+    for (const auto& [f, in] : cases) {
+        expect_gpu_matches_cpu(f, in);
+        jit::Placement where;
+        jit::compile_gpu(f)->run(in, &where);
+        EXPECT_TRUE(where.host.empty() && where.reference.empty()) << f.name;
+        EXPECT_GT(where.device, 0) << f.name;
+    }
+}
+
 // x @ W and its weight gradient through the GPU tier's GEMM program (tensor cores for f16 and
 // bf16) against the CPU tier (BLAS for f32, the reference kernels for the half types).
 TEST(GpuExec, GpuTierRunsGemmStepsOnTheDevice) {

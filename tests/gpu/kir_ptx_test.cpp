@@ -1,6 +1,7 @@
 // The kernel IR's GPU lowering: every relative-position tile program, for every combination of
 // relation terms, masking and storage type, becomes PTX that ptxas accepts for sm_80 and
 // sm_90, with one block per program instance and barriers around its threads loops.
+#include "jit/biased_attention_programs.hpp"
 #include "jit/kir_nvptx.hpp"
 #include "jit/relpos_programs.hpp"
 #include "tests/gpu/ptxas.hpp"
@@ -72,6 +73,25 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
             PtxasResult r = run_ptxas(ptx, arch);
             EXPECT_EQ(r.status, 0) << k.name << " for " << arch << ":\n" << r.output;
         }
+}
+
+// Attention with a bias (jit/biased_attention_programs.hpp): its three programs, plain and
+// causal, Dv != D, assemble for sm_80 and sm_90, with barriers around their threads loops.
+TEST(KirPtx, EveryBiasedAttentionProgramAssembles) {
+    if (ptxas_path().empty())
+        GTEST_SKIP() << "SKIPPED: no ptxas (set RAG_PTXAS or CUDA_HOME); PTX not assembled";
+    for (const jit::BiasedShape& s :
+         {jit::BiasedShape{32, 32, false, 0.17}, jit::BiasedShape{24, 16, true, 0.2}})
+        for (const kir::Kernel& k :
+             {jit::biased_forward_program(s), jit::biased_key_grad_program(s),
+              jit::biased_query_grad_program(s)})
+            for (const char* arch : {"sm_80", "sm_90"}) {
+                const std::string ptx = jit::kir_ptx(k, arch);
+                EXPECT_NE(ptx.find(".entry " + k.name + "("), std::string::npos) << k.name;
+                EXPECT_GE(count(ptx, "bar.sync"), 2u) << k.name;
+                PtxasResult r = run_ptxas(ptx, arch);
+                EXPECT_EQ(r.status, 0) << k.name << " for " << arch << ":\n" << r.output;
+            }
 }
 
 // A store in serial code is made by thread 0 alone, between barriers (a repeated
