@@ -6,6 +6,9 @@
 #include <atomic>
 #include <bit>
 #include <cstdlib>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <map>
 #include <mutex>
 #include <vector>
@@ -143,6 +146,11 @@ void release_cached() {
     Cache& c = cache();
     std::lock_guard lock(c.mutex);
     c.shrink_to(0);
+#ifdef __GLIBC__
+    // Blocks below glibc's mmap threshold went back to its heap, which keeps them resident:
+    // hand the heap's free pages back too, so "returned to the system" holds.
+    malloc_trim(0);
+#endif
 }
 
 } // namespace rag::memory
