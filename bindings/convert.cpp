@@ -639,11 +639,14 @@ std::vector<std::int64_t> int_vector(py::handle obj, const std::string& what) {
     if (py::isinstance<py::list>(obj)) {
         std::vector<std::int64_t> v;
         for (py::handle e : obj) {
-            if (!PyLong_CheckExact(e.ptr())) {
+            int overflow = 0;
+            const long long x =
+                PyLong_CheckExact(e.ptr()) ? PyLong_AsLongLongAndOverflow(e.ptr(), &overflow) : 0;
+            if (!PyLong_CheckExact(e.ptr()) || overflow) { // NumPy's conversion says what
                 v.clear();
                 break;
             }
-            v.push_back(e.cast<std::int64_t>());
+            v.push_back(std::int64_t(x));
             if (v.back() < 0)
                 fail("from_packed: ", what, "[", v.size() - 1, "] is negative (", v.back(), ")");
         }

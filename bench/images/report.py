@@ -16,7 +16,7 @@ print(f"# Image benchmark (issue 16)\n\ncommit {meta.get('commit')}"
       f"load average {meta.get('loadavg_start')} -> {meta.get('loadavg_end')} (a shared, noisy "
       f"machine). B = 8; rag padded runs the FCN only (padded patches are numbered over the padded "
       f"grid, so the ViT cannot run padded). Peak RSS growth: over one more call after the timed "
-      f"ones, with rag's host block cache emptied first (`rag.empty_cache()`), so every "
+      f"ones, with rag's host block cache and glibc's free heap pages emptied first (`rag.empty_cache()`, `malloc_trim`), so every "
       f"system's figure is what one step needs.\n")
 print("| model | profile | rho_image | pass | system | ms/step | peak RSS growth MiB "
       "| rag ragged speedup |")

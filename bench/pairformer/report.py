@@ -16,7 +16,7 @@ print(f"Commit `{meta['commit']}`{' (dirty tree)' if meta['dirty'] else ''}, {me
       "The machine is shared with other builds and tests (2 cores): expect noise, and compare "
       "systems within a row more than rows across runs. Median of the timed calls after a "
       "warm-up (bench/text/timing.py); memory is the growth of peak RSS over one more call "
-      "after the timed ones, with rag's host block cache emptied first (`rag.empty_cache()`: "
+      "after the timed ones, with rag's host block cache and glibc's free heap pages emptied first (`rag.empty_cache()`: "
       "between calls the cache keeps a step's freed blocks resident, up to the process's own "
       "peak), so every system's figure is what one step needs. "
       "PyTorch padded (bench/pairformer/torch_pairformer.py) is the same program on rag's "

@@ -36,8 +36,8 @@ out += ["", f"Each cell: a warm-up call (it compiles) and more untimed calls unt
         f"calls, stopping once {meta.get('budget_s')} s are spent but never under 3; ms = "
         "median of the timed calls (`timed_calls` in the jsonl). B = 64; rho = sum(N) / "
         "(B max N), the occupancy of the padded envelope. Peak RSS: the growth of peak RSS over "
-        "one more call after the timed ones, with rag's host block cache emptied first "
-        "(`rag.empty_cache()`), so every system's figure is what one step needs.", ""]
+        "one more call after the timed ones, with rag's host block cache and glibc's free heap "
+        "pages emptied first (`rag.empty_cache()`, `malloc_trim`), so every system's figure is what one step needs.", ""]
 out += ["## Ratios: each system's least ms / rag ragged's least ms (> 1: rag ragged faster; "
         "in brackets the same ratio of the medians)", "",
         "| model | profile | rho | step | rag ms (least, median) | " + " | ".join(SYSTEMS[1:]) + " |",

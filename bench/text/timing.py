@@ -3,6 +3,7 @@ also compiles), more untimed calls until WARMUP_S have passed since it began (a 
 on this machine ran its first ~0.1 s of steps up to 1.8x slower than later ones, whatever the
 system), then up to `calls` timed calls, stopping early (never under 3) once `budget_s`
 of timed calls are spent, as a padded CPU step can take minutes; the JSON records how many."""
+import ctypes
 import gc
 import time
 
@@ -28,8 +29,9 @@ def measure(step, calls, budget_s, empty_cache=None):
     """step() -> loss. Returns a dict: first call s, median and least ms of the timed calls,
     their count, loss0 (the warm-up's), and peak memory: the growth of peak RSS over one more
     call made after the timed ones with every cache emptied first (`empty_cache`: rag's, whose
-    host blocks stay resident between calls, up to the process's own peak), so a system's
-    figure is what one step needs, whatever its allocator keeps."""
+    host blocks stay resident between calls, up to the process's own peak; then glibc's free
+    heap pages, for every system), so a system's figure is what one step needs, whatever its
+    allocator keeps."""
     t = time.perf_counter()
     loss0 = float(step())
     first = time.perf_counter() - t
@@ -43,6 +45,9 @@ def measure(step, calls, budget_s, empty_cache=None):
     gc.collect()
     if empty_cache:
         empty_cache()
+    # Freed heap pages back to the system for every system alike (glibc keeps blocks below its
+    # mmap threshold resident), so the growth below is what this one call touches.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     rss0 = status_kb("VmRSS:")
     reset_hwm()
     step()

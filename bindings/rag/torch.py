@@ -8,9 +8,9 @@
     loss.backward()                               # rag's generated backward, no recompute
     torch.optim.AdamW(model.parameters()).step()
 
-Values cross without copies when they are contiguous and 64-byte aligned (PyTorch's CPU
-allocator aligns to 64 bytes): torch tensors are handed to rag through DLPack and rag's
-results come back through DLPack. The backward is rag's own reverse pass (Function.call_saving
+Values cross without copies when they are contiguous (and aligned to their element size, as
+every torch and NumPy allocation is): torch tensors reach rag as NumPy views (bf16 through
+DLPack) and rag's results come back through DLPack. The backward is rag's own reverse pass (Function.call_saving
 keeps what it reads), so a step runs the function once forward and once backward.
 """
 import ast

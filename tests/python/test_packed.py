@@ -93,5 +93,7 @@ def test_lengths_as_python_ints_numpy_ints_or_arrays_agree():
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), lengths
     with pytest.raises(rag.Error, match="sequence of integers"):
         rag.from_packed(vals, [2, "x"], "~N, 2")
+    with pytest.raises(rag.Error, match="sequence of integers"):
+        rag.from_packed(vals, [2, 10**30], "~N, 2")
     with pytest.raises(rag.Error, match=r"lengths\[1\] is negative \(-3\)"):
         rag.from_packed(vals, [8, -3], "~N, 2")
