@@ -35,6 +35,24 @@ struct Program {
         work = b.buffer("work", kir::Elem::i64);
     }
 
+    // The backward passes' buffers after the inputs: dO, the forward's O and log-sum-exp, the
+    // pass's two outputs; then the scratch both use: a tile's P and dS, the rows' delta.
+    struct Backward {
+        int dO, out, lse, first, second, p, ds, delta;
+    };
+    Backward backward(const char* first, const char* second) {
+        Backward w{};
+        w.dO = b.buffer("dO", kir::Elem::f32);
+        w.out = b.buffer("out", kir::Elem::f32);
+        w.lse = b.buffer("lse", kir::Elem::f32);
+        w.first = b.buffer(first, kir::Elem::f32);
+        w.second = b.buffer(second, kir::Elem::f32);
+        w.p = b.scratch("p", Expr(Tq * Tk));
+        w.ds = b.scratch("ds", Expr(Tq * Tk));
+        w.delta = b.scratch("delta", Expr(Tq));
+        return w;
+    }
+
     // After the program's own buffers: which entry and head this instance owns.
     void own() {
         Expr e = b.let(b.pid() / H * kBiasedEntry, "entry");
@@ -198,11 +216,9 @@ kir::Kernel biased_forward_program(const BiasedShape& s) {
 kir::Kernel biased_key_grad_program(const BiasedShape& s) {
     Program p("biased_attention_key_grad", s);
     Builder& b = p.b;
-    const int dO = b.buffer("dO", kir::Elem::f32), out = b.buffer("out", kir::Elem::f32),
-              lse = b.buffer("lse", kir::Elem::f32), dk = b.buffer("dk", kir::Elem::f32),
-              dv = b.buffer("dv", kir::Elem::f32);
-    const int pr = b.scratch("p", Expr(Tq * Tk)), ds = b.scratch("ds", Expr(Tq * Tk));
-    const int delta = b.scratch("delta", Expr(Tq));
+    const Program::Backward w = p.backward("dk", "dv");
+    const int dO = w.dO, out = w.out, lse = w.lse, dk = w.first, dv = w.second, pr = w.p, ds = w.ds,
+              delta = w.delta;
     const int acck = b.scratch("acck", Expr(Tk * s.D)), accv = b.scratch("accv", Expr(Tk * s.Dv));
     p.own();
     Expr k0 = p.start, cols = b.let(min(Expr(Tk), p.M - k0), "cols");
@@ -258,11 +274,10 @@ kir::Kernel biased_key_grad_program(const BiasedShape& s) {
 kir::Kernel biased_query_grad_program(const BiasedShape& s) {
     Program p("biased_attention_query_grad", s);
     Builder& b = p.b;
-    const int dO = b.buffer("dO", kir::Elem::f32), out = b.buffer("out", kir::Elem::f32),
-              lse = b.buffer("lse", kir::Elem::f32), dq = b.buffer("dq", kir::Elem::f32),
-              dbias = b.buffer("dbias", kir::Elem::f32);
-    const int pr = b.scratch("p", Expr(Tq * Tk)), ds = b.scratch("ds", Expr(Tq * Tk));
-    const int delta = b.scratch("delta", Expr(Tq)), accq = b.scratch("accq", Expr(Tq * s.D));
+    const Program::Backward w = p.backward("dq", "dbias");
+    const int dO = w.dO, out = w.out, lse = w.lse, dq = w.first, dbias = w.second, pr = w.p,
+              ds = w.ds, delta = w.delta;
+    const int accq = b.scratch("accq", Expr(Tq * s.D));
     p.own();
     Expr q0 = p.start, rows = b.let(min(Expr(Tq), p.N - q0), "rows");
     // The sample's row blocks in order: dbias of these queries sums over them here alone.
