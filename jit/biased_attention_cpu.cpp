@@ -109,8 +109,9 @@ template <class T> struct Run {
                                  N,
                                  M};
                 if (forward)
-                    tiled_forward(b, tile, w,
-                                  dst(0) + Rows{&out[0], d.axis}.at(i, r, d.H, d.Dv) + h * d.Dv);
+                    online(b, tile, w,
+                           dst(0) + Rows{&out[0], d.axis}.at(i, r, d.H, d.Dv) + h * d.Dv,
+                           d.H * d.Dv, nullptr);
                 else
                     tiled_backward(
                         b, tile, w, data(4) + Rows{in[4], d.axis}.at(i, r, d.H, d.Dv) + h * d.Dv,
@@ -232,10 +233,6 @@ template <class T> struct Run {
                 O[n * ldo + e] = l > 0 ? T(double(w.acc[std::size_t(n * d.Dv + e)]) / l) : T(0);
             if (lse) lse[n] = l > 0 ? w.m[std::size_t(n)] + std::log(l) : w.m[std::size_t(n)];
         }
-    }
-
-    void tiled_forward(const RowBlock& b, std::int64_t tile, Scratch& w, T* O) const {
-        online(b, tile, w, O, d.H * d.Dv, nullptr);
     }
 
     // The forward again for O and the log-sum-exp, then per key tile: P = exp(s - lse),
@@ -365,7 +362,8 @@ void run_biased_attention(const ir::Function& f, int i, const std::vector<int>& 
     bool want[4] = {false, false, false, false};
     std::vector<RaggedTensor> out(4);
     if (forward) {
-        out[0] = RaggedTensor::zeros(n.type.dtype, biased_out_structure(*in[0], n.type.shape, d.Dv));
+        out[0] =
+            RaggedTensor::zeros(n.type.dtype, biased_out_structure(*in[0], n.type.shape, d.Dv));
     } else {
         for (int v : nodes) {
             const std::int64_t w = f.nodes[std::size_t(v)].attrs.get_int("wrt");

@@ -340,6 +340,9 @@ BiasedWork biased_work(std::span<const RaggedTensor> in, const Attrs& at) {
     w.shape.scale = at.get_float("scale", 1.0 / std::sqrt(double(w.shape.D)));
     const std::int64_t D = w.shape.D, Dv = w.shape.Dv, H = w.H;
     w.tokens = D > 0 && H > 0 ? q.numel() / (H * D) : 0;
+    Shape oshape = q.shape();
+    oshape.axes.back() = Axis::fixed_of(Dv);
+    w.out = biased_out_structure(q, oshape, Dv);
     for (std::int64_t i = 0; i < q.batch(); ++i) {
         const std::int64_t N = q.structure().size(i, axis - 1), M = k.structure().size(i, axis - 1);
         const std::int64_t R = axis == 2 ? q.structure().size(i, 0) : 1;
@@ -369,10 +372,7 @@ std::vector<RaggedTensor> biased_attention_programs_cpu(std::span<const RaggedTe
     const BiasedWork w = biased_work(in, at);
     auto ptr = [](const RaggedTensor& t) { return const_cast<void*>(t.data()); };
     std::vector<float> lse(std::size_t(std::max<std::int64_t>(w.tokens * w.H, 1)));
-    Shape oshape = in[0].shape(); // the op's result: q's with v's width
-    oshape.axes.back() = Axis::fixed_of(w.shape.Dv);
-    RaggedTensor out =
-        RaggedTensor::zeros(DType::f32, biased_out_structure(in[0], oshape, w.shape.Dv));
+    RaggedTensor out = RaggedTensor::zeros(DType::f32, w.out);
     std::vector<std::int64_t> fwd = w.forward, keys = w.keys, queries = w.queries;
     const std::int64_t params[] = {w.H};
     void* fbufs[] = {ptr(in[0]), ptr(in[1]),         ptr(in[2]), ptr(in[3]),

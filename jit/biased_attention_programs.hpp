@@ -49,6 +49,7 @@ kir::Kernel biased_query_grad_program(const BiasedShape& s);
 struct BiasedWork {
     BiasedShape shape;
     std::int64_t H = 0, tokens = 0; // heads; query tokens (rows of the [token][H] lse)
+    StructurePtr out;               // the result's: q's sizes with v's width
     std::vector<std::int64_t> forward, keys, queries;
     std::int64_t grid(const std::vector<std::int64_t>& list) const {
         return std::int64_t(list.size()) / kBiasedEntry * H;

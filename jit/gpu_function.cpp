@@ -194,10 +194,7 @@ bool run_biased_program(const ir::Function& f, int i, const std::vector<int>& al
     const std::int64_t params[] = {w.H};
     const std::uint64_t q = dev.of(in[0]).ptr(), k = dev.of(in[1]).ptr(), v = dev.of(in[2]).ptr(),
                         bias = dev.of(in[3]).ptr();
-    Shape oshape = in[0].shape();
-    oshape.axes.back() = Axis::fixed_of(s.Dv);
-    const StructurePtr ost = biased_out_structure(in[0], oshape, s.Dv);
-    cuda::Buffer out = device_zeros(std::size_t(ost->numel()) * 4);
+    cuda::Buffer out = device_zeros(std::size_t(w.out->numel()) * 4);
     cuda::Buffer lse = device_zeros(std::size_t(std::max<std::int64_t>(w.tokens * w.H, 1)) * 4);
     if (w.grid(w.forward) > 0) {
         const std::uint64_t ptrs[] = {q,         k,        v, bias, dev.table(w.forward).ptr(),
@@ -205,7 +202,7 @@ bool run_biased_program(const ir::Function& f, int i, const std::vector<int>& al
         program("forward", biased_forward_program).launch(w.grid(w.forward), ptrs, params);
     }
     if (!grad) {
-        vals[std::size_t(i)] = dev.result(std::move(out), DType::f32, ost);
+        vals[std::size_t(i)] = dev.result(std::move(out), DType::f32, w.out);
         return true;
     }
     const std::uint64_t dO = dev.of(*all[4]).ptr();
