@@ -90,10 +90,17 @@ const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
     return *start(pass, setup, false).get();
 }
 
+// The programs a backward runs: the two passes, and the table reduction when there are tables.
+std::vector<Pass> backward_passes(const RelposSetup& s) {
+    if (s.cfg.has[AQ] || s.cfg.has[AK] || s.cfg.has[BIAS])
+        return {Pass::query_grad, Pass::key_grad, Pass::reduce};
+    return {Pass::query_grad, Pass::key_grad};
+}
+
 // Compiles the passes not cached yet on threads of their own, all at once (a first backward
 // needs three programs, each taking LLVM a good part of a second; they do not depend on each
 // other).
-void prepare(std::initializer_list<Pass> passes, const RelposSetup& setup) {
+void prepare(const std::vector<Pass>& passes, const RelposSetup& setup) {
     CompilePhase phase("parallel_compile"); // the caller's wait counts as its compile time
     std::vector<Built> built;
     for (Pass p : passes) built.push_back(start(p, setup, true));
@@ -220,10 +227,7 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         if (sh.saved)
             for (auto* bufs : {&qbufs, &kbufs})
                 bufs->insert(bufs->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
-        if (s->cfg.has[AQ] || s->cfg.has[AK] || s->cfg.has[BIAS])
-            prepare({Pass::query_grad, Pass::key_grad, Pass::reduce}, *s);
-        else
-            prepare({Pass::query_grad, Pass::key_grad}, *s);
+        prepare(backward_passes(*s), *s);
         kernel(Pass::query_grad, *s).launch(s->nonempty() * s->H, qbufs, s->params());
         kernel(Pass::key_grad, *s).launch(s->nonempty() * s->H, kbufs, s->params());
         Floats* partial[] = {&zq, &zk, &zb};
@@ -276,9 +280,8 @@ void relpos_precompile(const ir::Function& f) {
         // What relpos_forward and relpos_backward will ask for (projections are not saved on
         // the CPU tier: RelposOptions' default).
         std::vector<Pass> passes = {Pass::forward};
-        if (grad) passes.insert(passes.end(), {Pass::query_grad, Pass::key_grad});
-        if (grad && (s->cfg.has[AQ] || s->cfg.has[AK] || s->cfg.has[BIAS]))
-            passes.push_back(Pass::reduce);
+        if (grad)
+            for (Pass p : backward_passes(*s)) passes.push_back(p);
         for (Pass p : passes) start(p, *s, true, false);
     }
 }
