@@ -93,25 +93,62 @@ int Padder::mask_of(const std::string& name, int like, int axis) {
                                  "::" + std::to_string(step->s);
         return derived_masks_[name] = emit("index", {mask_of(step->base)}, {{"spec", spec}});
     }
-    if (step && like >= 0) {
-        // base[+g] and base[*m] are valid below L + g and m L, L the base's valid count:
-        // compare the positions along like's axis (its other axes summed away: only the
-        // positions are read) with it.
+    const auto factors = product_factors(name);
+    if ((step || factors) && like >= 0) {
+        // base[+g], base[*m] and (a*b) are valid below L + g, m L and L_a L_b, L the valid
+        // count of the axes they derive from: compare the positions along like's axis (its
+        // other axes summed away: only the positions are read) with it.
         int line = like;
         for (int q = type(like).shape.sample_rank() - 1; q >= 0; --q)
             if (q != axis) line = emit("sum", {line}, {{"axis", std::int64_t(q + 1)}});
         const int pos = emit("cast", {emit("positions", {line}, {{"axis", std::int64_t(1)}})},
                              {{"dtype", std::string("f32")}});
-        int L = emit("sum", {emit("cast", {mask_of(step->base)}, {{"dtype", std::string("f32")}})},
-                     {{"axis", std::int64_t(1)}});
-        L = step->kind == DerivedStep::Kind::grow
-                ? emit("add", {L, constant(double(step->a), DType::f32)})
-                : emit("scale", {L}, {{"c", double(step->a)}});
+        int L;
+        if (factors) {
+            L = emit("mul", {valid_length(factors->first), valid_length(factors->second)});
+        } else {
+            L = valid_length(step->base);
+            L = step->kind == DerivedStep::Kind::grow
+                    ? emit("add", {L, constant(double(step->a), DType::f32)})
+                    : emit("scale", {L}, {{"c", double(step->a)}});
+        }
         const int bound = emit("index", {L}, {{"spec", std::string(":, new")}});
         return derived_masks_[name] = emit("lt", {pos, bound});
     }
     fail("padded execution: the ragged axis ~", name,
          " is not an axis of any argument, so its valid extents are unknown");
+}
+
+int Padder::valid_length(const std::string& name) {
+    return emit("sum", {emit("cast", {mask_of(name)}, {{"dtype", std::string("f32")}})},
+                {{"axis", std::int64_t(1)}});
+}
+
+// patches(x) of a padded image numbers its patches over the envelope's grid (N_max / p
+// columns), so an image's own patches are not a prefix of ~P. As the padded baseline of the
+// benchmark does (bench/images/torch_images.py), the grid's patches are gathered into the
+// image's own row-major order: its patch t (t < P_b) is grid patch (t / w_b) GW + t % w_b,
+// with w_b its patch columns and GW the grid's; the rest keep their place (padding). The
+// arithmetic runs in f32, exact below 2^24 patches.
+int Padder::patches(int x, const Attrs& attrs) {
+    const int grid = emit("patches", {x}, attrs);
+    const std::string P = type(grid).shape.axes[0].name;
+    const auto factors = product_factors(P);
+    if (!factors) fail("padded execution: internal error, patches axis ~", P);
+    const int w = valid_length(factors->second);
+    const int GW = emit("sum", {emit("ones_like", {emit("cast", {mask_of(factors->second)},
+                                                        {{"dtype", std::string("f32")}})})},
+                        {{"axis", std::int64_t(1)}});
+    auto col = [&](int c) { return emit("index", {c}, {{"spec", std::string(":, new")}}); };
+    const int t = emit("cast", {emit("positions", {grid}, {{"axis", std::int64_t(1)}})},
+                       {{"dtype", std::string("f32")}});
+    const int w1 = col(emit("maximum", {w, constant(1, DType::f32)}));
+    const int row = emit("cast", {emit("cast", {emit("div", {t, w1})}, {{"dtype", std::string("i64")}})},
+                         {{"dtype", std::string("f32")}}); // trunc = floor: t >= 0
+    const int own = emit("add", {t, emit("mul", {row, col(emit("sub", {GW, w}))})});
+    // t (not grid) stands for ~P's positions: mask_of need not sum the patch values away.
+    const int at = emit("where", {mask_of(P, t, 0), own, t});
+    return emit("gather", {grid, emit("cast", {at}, {{"dtype", std::string("i64")}})});
 }
 
 std::vector<int> Padder::ragged_among(int x, const std::vector<int>& axes) const {
@@ -369,12 +406,7 @@ int Padder::op(std::string_view name, std::vector<int> args, const Attrs& attrs)
         args[0] = masked(args[0], {1, 2}, max ? -std::numeric_limits<double>::infinity() : 0.0);
         return emit(name, std::move(args), attrs);
     }
-    // Patches of a padded image are numbered over the envelope's patch grid (row-major over
-    // N_max / p columns), not over the image's own, so its valid patches would not be a prefix
-    // of ~P and patch positions would differ from the ragged program's.
-    if (name == "patches")
-        fail("padded execution does not support patches: the patches of an image padded to the "
-             "batch's largest are numbered over the padded grid, not the image's own");
+    if (name == "patches") return patches(args.at(0), attrs);
     return emit(name, std::move(args), attrs);
 }
 

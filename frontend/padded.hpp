@@ -72,6 +72,9 @@ class Padder {
     int attention(int q, int k, int v, const Attrs& attrs);
     int biased_attention(int q, int k, int v, int bias, const Attrs& attrs);
     int mean_loss(std::string_view name, std::vector<int> args, int positions_of);
+    int patches(int x, const Attrs& attrs);
+    // f32[B]: the valid length of ragged axis ~name per sample.
+    int valid_length(const std::string& name);
 
     ir::Builder& b_;
     std::vector<std::string> names_;

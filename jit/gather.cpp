@@ -35,33 +35,49 @@ StructurePtr gather_structure(const Shape& out, const RaggedTensor& table,
     return Structure::make(out, is.batch(), std::move(sizes));
 }
 
+// The packed ids' sample boundaries, for finding the sample of an id (per-sample tables).
+std::vector<std::int64_t> sample_starts(const Structure& ids) {
+    std::vector<std::int64_t> starts(std::size_t(ids.batch() + 1), 0);
+    for (std::int64_t i = 0; i < ids.batch(); ++i)
+        starts[std::size_t(i + 1)] = ids.sample_begin(i) + ids.sample_numel(i);
+    return starts;
+}
+
 template <class I>
 RaggedTensor gather(const ir::Node& n, const RaggedTensor& table, const RaggedTensor& ids) {
     RaggedTensor y = uninitialized(table.dtype(), gather_structure(n.type.shape, table, ids));
-    const std::int64_t rows = table.structure().size(0, 0);
+    const GatherRows rows(table.structure(), ids.structure());
+    const std::vector<std::int64_t> starts = sample_starts(ids.structure());
     const std::size_t row_bytes = std::size_t(row_elements(table)) * dtype_size(table.dtype());
     const I* id = ids_as<I>(ids);
     const auto* in = static_cast<const std::byte*>(table.data());
     auto* out = static_cast<std::byte*>(y.mutable_data());
     // The first bad position (lowest packed index) so the message does not depend on threads.
     std::atomic<std::int64_t> bad{ids.numel()};
-    parallel_for(ids.numel(),
-                 std::max<std::int64_t>(1, 65536 / std::max<std::size_t>(row_bytes, 1)),
-                 [&](std::int64_t k0, std::int64_t k1) {
-                     for (std::int64_t k = k0; k < k1; ++k) {
-                         const std::int64_t v = id[k];
-                         if (v < 0 || v >= rows) {
-                             std::int64_t seen = bad.load();
-                             while (k < seen && !bad.compare_exchange_weak(seen, k)) {
-                             }
-                             break;
-                         }
-                         std::memcpy(out + std::size_t(k) * row_bytes,
-                                     in + std::size_t(v) * row_bytes, row_bytes);
-                     }
-                 });
-    if (const std::int64_t k = bad.load(); k < ids.numel())
-        gather_id_error("gather", ids.structure(), k, std::int64_t(id[k]), rows);
+    parallel_for(
+        ids.numel(), std::max<std::int64_t>(1, 65536 / std::max<std::size_t>(row_bytes, 1)),
+        [&](std::int64_t k0, std::int64_t k1) {
+            std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), k0) -
+                                        starts.begin()) -
+                            1;
+            for (std::int64_t k = k0; k < k1; ++k) {
+                while (k >= starts[i + 1]) ++i;
+                const std::int64_t v = id[k];
+                if (v < 0 || v >= rows.count(std::int64_t(i))) {
+                    std::int64_t seen = bad.load();
+                    while (k < seen && !bad.compare_exchange_weak(seen, k)) {
+                    }
+                    break;
+                }
+                std::memcpy(out + std::size_t(k) * row_bytes,
+                            in + std::size_t(rows.first(std::int64_t(i)) + v) * row_bytes,
+                            row_bytes);
+            }
+        });
+    if (const std::int64_t k = bad.load(); k < ids.numel()) {
+        const auto i = std::upper_bound(starts.begin(), starts.end(), k) - starts.begin() - 1;
+        gather_id_error("gather", ids.structure(), k, std::int64_t(id[k]), rows, i);
+    }
     return y;
 }
 
@@ -107,20 +123,28 @@ struct RowIo {
 template <class I>
 RaggedTensor gather_grad(const RaggedTensor& g, const RaggedTensor& ids,
                          const RaggedTensor& table) {
-    const std::int64_t rows = table.structure().size(0, 0), d = row_elements(table);
-    const std::int64_t n = ids.numel();
+    const std::int64_t d = row_elements(table), n = ids.numel();
+    const std::int64_t rows = d ? table.numel() / d : 0; // every sample's, for a batched table
+    const GatherRows per_sample(table.structure(), ids.structure());
     const I* id = ids_as<I>(ids);
-    // Stable counting sort of the packed positions by id.
-    std::vector<std::int64_t> start(std::size_t(rows + 1), 0);
-    for (std::int64_t k = 0; k < n; ++k) {
-        const std::int64_t v = id[k];
-        if (v < 0 || v >= rows) gather_id_error("gather_grad", ids.structure(), k, v, rows);
-        ++start[std::size_t(v + 1)];
+    // Each position's packed table row, then a stable counting sort of the positions by it.
+    std::vector<std::int64_t> row(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < ids.batch(); ++i) {
+        const std::int64_t k0 = ids.structure().sample_begin(i);
+        for (std::int64_t k = k0; k < k0 + ids.structure().sample_numel(i); ++k) {
+            const std::int64_t v = id[k];
+            if (v < 0 || v >= per_sample.count(i))
+                gather_id_error("gather_grad", ids.structure(), k, v, per_sample, i);
+            row[std::size_t(k)] = per_sample.first(i) + v;
+        }
     }
+    std::vector<std::int64_t> start(std::size_t(rows + 1), 0);
+    for (std::int64_t k = 0; k < n; ++k) ++start[std::size_t(row[std::size_t(k)] + 1)];
     for (std::int64_t v = 0; v < rows; ++v) start[std::size_t(v + 1)] += start[std::size_t(v)];
     std::vector<std::int64_t> order(static_cast<std::size_t>(n));
     std::vector<std::int64_t> next(start.begin(), start.end() - 1);
-    for (std::int64_t k = 0; k < n; ++k) order[std::size_t(next[std::size_t(id[k])]++)] = k;
+    for (std::int64_t k = 0; k < n; ++k)
+        order[std::size_t(next[std::size_t(row[std::size_t(k)])]++)] = k;
 
     RaggedTensor dt = uninitialized(table.dtype(), table.structure_ptr());
     const RowIo io{g.dtype(), table.dtype()};

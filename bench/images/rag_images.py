@@ -2,8 +2,8 @@
 [--threads T] [--dump FILE.npz] [--padded]. MODEL: fcn (examples/fcn.rag) or vit
 (examples/vit.rag). Prints one JSON line for the loss (fwd) and one for the training step.
 --dump writes the padded batch, the sizes and rag's initial params (dotted names) so the peers
-start from the same state. --padded runs rag's padded execution of the same program (the FCN
-only: padded patches are numbered over the padded grid, so the ViT cannot run padded)."""
+start from the same state. --padded runs rag's padded execution of the same program (the ViT's
+patches gathered into each image's own order, as the PyTorch baseline does)."""
 import argparse
 import json
 import os

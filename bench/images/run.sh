@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The image benchmark of issue 16: examples/fcn.rag and examples/vit.rag on B = 8 images
 # (near_uniform: sides 96-112; variable: sides 32-224, aspect ratios 1:2 to 2:1), forward (the
-# loss) and training step, ms/step and peak RSS growth, for rag ragged, rag padded (the FCN only:
-# patches cannot run padded), PyTorch padded (the same math with masks) and PyTorch padded
-# channels_last, and DanLing's NestedTensor (the FCN only: it has no patches op), each in its own
-# process on the same batch and rag's initial params. Writes bench/results/images.{jsonl,md}.
+# loss) and training step, ms/step and peak RSS growth, for rag ragged, rag padded, PyTorch
+# padded (the same math with masks) and PyTorch padded channels_last, and DanLing's
+# NestedTensor (the FCN only: it has no patches op), each in its own process on the same batch
+# and rag's initial params. Writes bench/results/images.{jsonl,md}.
 #   bench/images/run.sh   (after building bindings; ./dev bench-deps once)
 #   CALLS=5 BUDGET=60 THREADS=2 bench/images/run.sh
 set -euo pipefail
@@ -32,8 +32,7 @@ for model in fcn vit; do
     echo "== $model $profile" >&2
     dump=$TMP/$model-$profile.npz
     python3 bench/images/rag_images.py "$model" "$profile" $common --dump "$dump" | tee -a "$JSONL"
-    [ "$model" = fcn ] &&
-      python3 bench/images/rag_images.py "$model" "$profile" $common --padded | tee -a "$JSONL"
+    python3 bench/images/rag_images.py "$model" "$profile" $common --padded | tee -a "$JSONL"
     "$PY" bench/images/torch_images.py "$model" "$dump" "$profile" $common | tee -a "$JSONL"
     "$PY" bench/images/torch_images.py "$model" "$dump" "$profile" $common --channels-last |
       tee -a "$JSONL"

@@ -129,4 +129,20 @@ std::int64_t derived_length(const std::string& name, std::int64_t base_length) {
     return L;
 }
 
+std::string product_axis_name(const std::string& a, const std::string& b) {
+    return "(" + a + "*" + b + ")";
+}
+
+std::optional<std::pair<std::string, std::string>> product_factors(const std::string& name) {
+    if (name.size() < 3 || name.front() != '(' || name.back() != ')') return std::nullopt;
+    int depth = 0;
+    for (std::size_t k = 1; k + 1 < name.size(); ++k) {
+        const char c = name[k];
+        depth += (c == '(' || c == '[') - (c == ')' || c == ']');
+        if (c == '*' && depth == 0)
+            return std::pair{name.substr(1, k - 1), name.substr(k + 1, name.size() - k - 2)};
+    }
+    return std::nullopt;
+}
+
 } // namespace rag

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace rag {
 
@@ -41,5 +42,12 @@ std::optional<std::string> derived_base(const std::string& name);
 // The length of derived axis `name` when its base axis has `base_length`: each token's length
 // function in turn (`H[::4][*4]`: 4 ceil(L / 4)).
 std::int64_t derived_length(const std::string& name, std::int64_t base_length);
+
+// patches' axis: the row-major product of two axes, named `(a*b)`; its length per sample is
+// the product of theirs.
+std::string product_axis_name(const std::string& a, const std::string& b);
+// The factors of a product name (split at its one `*` outside brackets); nullopt for any
+// other name.
+std::optional<std::pair<std::string, std::string>> product_factors(const std::string& name);
 
 } // namespace rag

@@ -1,7 +1,8 @@
 // Gathering rows of a table at integer ids, its table gradient, and positions. The packed
 // storage of gather's result is the ids' packed order with each id expanded to one table row
 // (the appended axes are static and last in both logical and storage order), so the kernels
-// copy whole rows.
+// copy whole rows. A batched table is gathered per sample: sample b's ids index the rows of
+// sample b, at packed row table_row(b, id) (gather_row in gather.hpp).
 #include "ir/ops/gather.hpp"
 
 #include "ir/ops/kernel_util.hpp"
@@ -39,18 +40,31 @@ StructurePtr gather_structure(const Schema& out, const RaggedTensor& table,
     });
 }
 
+// Calls fn(k, row) for every packed id k with the packed table row it names, after checking
+// it against its sample's rows.
+template <class Fn>
+void for_each_row(std::string_view op, const RaggedTensor& table, const RaggedTensor& ids,
+                  Fn&& fn) {
+    const GatherRows rows(table.structure(), ids.structure());
+    for (std::int64_t i = 0; i < ids.batch(); ++i) {
+        const std::int64_t k0 = ids.structure().sample_begin(i);
+        for (std::int64_t k = k0; k < k0 + ids.structure().sample_numel(i); ++k) {
+            const std::int64_t id = id_at(ids, k);
+            if (id < 0 || id >= rows.count(i)) gather_id_error(op, ids.structure(), k, id, rows, i);
+            fn(k, rows.first(i) + id);
+        }
+    }
+}
+
 RaggedTensor gather_kernel(const RaggedTensor& table, const RaggedTensor& ids) {
     Schema out = gather_schema(table.schema(), ids.schema());
     RaggedTensor y = RaggedTensor::zeros(out.dtype, gather_structure(out, table, ids));
-    const std::int64_t rows = table.structure().size(0, 0);
     const std::size_t row_bytes = std::size_t(row_size(table)) * dtype_size(table.dtype());
-    for (std::int64_t k = 0; k < ids.numel(); ++k) {
-        const std::int64_t id = id_at(ids, k);
-        if (id < 0 || id >= rows) gather_id_error("gather", ids.structure(), k, id, rows);
+    for_each_row("gather", table, ids, [&](std::int64_t k, std::int64_t row) {
         std::memcpy(static_cast<std::byte*>(y.mutable_data()) + std::size_t(k) * row_bytes,
-                    static_cast<const std::byte*>(table.data()) + std::size_t(id) * row_bytes,
+                    static_cast<const std::byte*>(table.data()) + std::size_t(row) * row_bytes,
                     row_bytes);
-    }
+    });
     return y;
 }
 
@@ -72,15 +86,13 @@ void check_gather_grad(const RaggedTensor& g, const RaggedTensor& ids) {
 RaggedTensor gather_grad_kernel(const RaggedTensor& g, const RaggedTensor& ids,
                                 const RaggedTensor& table) {
     check_gather_grad(g, ids);
-    const std::int64_t rows = table.structure().size(0, 0), d = row_size(table);
-    std::vector<double> acc(std::size_t(rows * d), 0.0);
+    const std::int64_t d = row_size(table);
+    std::vector<double> acc(std::size_t(table.numel()), 0.0);
     const std::vector<double> gv = g.to_f64();
-    for (std::int64_t k = 0; k < ids.numel(); ++k) {
-        const std::int64_t id = id_at(ids, k);
-        if (id < 0 || id >= rows) gather_id_error("gather_grad", ids.structure(), k, id, rows);
+    for_each_row("gather_grad", table, ids, [&](std::int64_t k, std::int64_t row) {
         for (std::int64_t j = 0; j < d; ++j)
-            acc[std::size_t(id * d + j)] += gv[std::size_t(k * d + j)];
-    }
+            acc[std::size_t(row * d + j)] += gv[std::size_t(k * d + j)];
+    });
     return RaggedTensor::from_f64(table.dtype(), table.structure_ptr(), acc);
 }
 
@@ -106,17 +118,34 @@ RaggedTensor positions_kernel(const RaggedTensor& x, const Attrs& at) {
 } // namespace
 
 Schema gather_schema(const Schema& table, const Schema& ids, std::string_view op) {
-    if (table.shape.batched || table.shape.axes.empty())
-        fail(op, ": the table must be an unbatched array T[V, ...], got ", table.str());
-    for (const Axis& a : table.shape.axes)
-        if (a.is_ragged()) fail(op, ": the table must be dense, got ", table.str());
+    if (table.shape.axes.empty())
+        fail(op, ": the table must have a row axis T[V, ...], got ", table.str());
+    for (std::size_t a = table.shape.batched ? 1 : 0; a < table.shape.axes.size(); ++a)
+        if (table.shape.axes[a].is_ragged())
+            fail(op, ": the table's rows must be dense (T[V, ...], or T[B, ~N, ...] gathered per "
+                     "sample), got ",
+                 table.str());
     if (!is_floating(table.dtype))
         fail(op, ": the table must be a floating-point array, got ", table.str());
     if (!is_index_dtype(ids.dtype)) fail(op, ": ids must be i32 or i64, got ", ids.str());
+    if (table.shape.batched && !ids.shape.batched)
+        fail(op, ": a batched table T[B, ~N, ...] is gathered per sample, so ids must be batched "
+                 "too, got ",
+             ids.str());
     Schema out{table.dtype, ids.shape};
     out.shape.axes.insert(out.shape.axes.end(), table.shape.axes.begin() + 1,
                           table.shape.axes.end());
     return out;
+}
+
+GatherRows::GatherRows(const Structure& table, const Structure& ids)
+    : batched_(table.shape().batched), rows_(table.batch() ? table.size(0, 0) : 0) {
+    if (batched_ && table.batch() != ids.batch())
+        fail("gather: the table has ", table.batch(), " samples but the ids have ", ids.batch());
+    if (!batched_) return;
+    first_.resize(std::size_t(table.batch() + 1), 0);
+    for (std::int64_t i = 0; i < table.batch(); ++i)
+        first_[std::size_t(i + 1)] = first_[std::size_t(i)] + table.size(i, 0);
 }
 
 Schema positions_schema(const Schema& x, std::int64_t axis, int* p) {
@@ -127,7 +156,7 @@ Schema positions_schema(const Schema& x, std::int64_t axis, int* p) {
 }
 
 void gather_id_error(std::string_view op, const Structure& ids, std::int64_t packed,
-                     std::int64_t id, std::int64_t rows) {
+                     std::int64_t id, const GatherRows& rows, std::int64_t sample) {
     std::int64_t i = 0;
     while (i + 1 < ids.batch() && ids.sample_begin(i + 1) <= packed) ++i;
     const std::int64_t local = packed - ids.sample_begin(i);
@@ -136,11 +165,15 @@ void gather_id_error(std::string_view op, const Structure& ids, std::int64_t pac
     for (int a = 0; a < ids.rank(); ++a)
         pos += (a ? ", " : "") + std::to_string(local / strides[std::size_t(a)] % ids.size(i, a));
     pos += ids.rank() == 1 ? ",)" : ")";
+    const std::int64_t V = rows.count(sample);
+    if (rows.batched())
+        fail(op, ": sample ", i, ", position ", pos, ": id ", id, " is outside [0, ", V,
+             ") for its sample's ", V, " table rows");
     if (ids.shape().batched)
-        fail(op, ": sample ", i, ", position ", pos, ": id ", id, " is outside [0, ", rows,
-             ") for a table of V = ", rows, " rows");
-    fail(op, ": position ", pos, ": id ", id, " is outside [0, ", rows,
-         ") for a table of V = ", rows, " rows");
+        fail(op, ": sample ", i, ", position ", pos, ": id ", id, " is outside [0, ", V,
+             ") for a table of V = ", V, " rows");
+    fail(op, ": position ", pos, ": id ", id, " is outside [0, ", V, ") for a table of V = ", V,
+         " rows");
 }
 
 void register_gather_ops(OpTable& t) {
@@ -150,7 +183,9 @@ void register_gather_ops(OpTable& t) {
            "gather(table, ids): rows of a dense table T[V, ...] (any float dtype) at i32/i64 ids "
            "of any schema; the result has ids' axes then table's trailing axes; an id outside "
            "[0, V) is an error naming the sample, the position and the id; the table's gradient "
-           "(gather_grad) sums in a fixed order, bitwise equal across runs and thread counts",
+           "(gather_grad) sums in a fixed order, bitwise equal across runs and thread counts. A "
+           "batched table T[B, ~N, ...] (rows dense) is gathered per sample: sample b's ids "
+           "index its own N_b rows",
            [](auto in, auto&) { return gather_schema(in[0], in[1]); },
            [](auto in, auto&) { return gather_kernel(in[0], in[1]); },
            [](Emitter& e, auto in, Val, Val g, auto&) -> std::vector<std::optional<Val>> {

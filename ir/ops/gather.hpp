@@ -5,6 +5,7 @@
 #include "runtime/structure.hpp"
 
 #include <string_view>
+#include <vector>
 
 namespace rag {
 
@@ -14,9 +15,29 @@ Schema gather_schema(const Schema& table, const Schema& ids, std::string_view op
 // the per-sample axis.
 Schema positions_schema(const Schema& x, std::int64_t axis, int* p = nullptr);
 
-// The error for ids element `packed` (its place in packed storage) holding `id`, outside
-// [0, rows): names the sample, the position in it and the id.
+// Where gather finds its rows: an unbatched table T[V, ...] has V rows for every sample; a
+// batched T[B, ~N, ...] gives sample b its own N_b rows, from packed row first(b).
+class GatherRows {
+public:
+    GatherRows(const Structure& table, const Structure& ids);
+    bool batched() const { return batched_; }
+    std::int64_t count(std::int64_t sample) const {
+        return batched_ ? first_[std::size_t(sample + 1)] - first_[std::size_t(sample)] : rows_;
+    }
+    std::int64_t first(std::int64_t sample) const {
+        return batched_ ? first_[std::size_t(sample)] : 0;
+    }
+
+private:
+    bool batched_;
+    std::int64_t rows_;
+    std::vector<std::int64_t> first_;
+};
+
+// The error for ids element `packed` (its place in packed storage, in sample `sample`)
+// holding `id`, outside [0, rows.count(sample)): names the sample, the position in it and the
+// id.
 [[noreturn]] void gather_id_error(std::string_view op, const Structure& ids, std::int64_t packed,
-                                  std::int64_t id, std::int64_t rows);
+                                  std::int64_t id, const GatherRows& rows, std::int64_t sample);
 
 } // namespace rag

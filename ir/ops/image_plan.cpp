@@ -118,8 +118,8 @@ Schema patches_schema(const Schema& x, const Attrs& at) {
     if (p < 1) fail("patches: the patch size must be >= 1, got ", p);
     const auto& xa = x.shape.axes;
     // floor(H / p) is H[p-1::p]; the patch axis is the product of both, row-major.
-    const std::string name = "(" + slice_axis_name(xa[1].name, p - 1, p) + "*" +
-                             slice_axis_name(xa[2].name, p - 1, p) + ")";
+    const std::string name = product_axis_name(slice_axis_name(xa[1].name, p - 1, p),
+                                               slice_axis_name(xa[2].name, p - 1, p));
     return {x.dtype, Shape{true, {Axis::ragged_of(name), Axis::fixed_of(c * p * p)}}};
 }
 

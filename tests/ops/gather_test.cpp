@@ -142,9 +142,15 @@ TEST(Gather, TypeErrors) {
               }),
               "gather: ids must be i32 or i64, got f32[B, ~N]");
     EXPECT_EQ(error_of([&] {
-                  evaluate("gather", {batched, ids});
+                  evaluate("gather", {batched, RaggedTensor::dense(ids.to_list()[0])});
               }),
-              "gather: the table must be an unbatched array T[V, ...], got f32[B, 5]");
+              "gather: a batched table T[B, ~N, ...] is gathered per sample, so ids must be "
+              "batched too, got i32[2]");
+    EXPECT_EQ(error_of([&] {
+                  evaluate("gather", {random_batch(DType::f32, "~N, ~M", {{5, 2}}), ids});
+              }),
+              "gather: the table's rows must be dense (T[V, ...], or T[B, ~N, ...] gathered per "
+              "sample), got f32[B, ~N, ~M]");
     EXPECT_EQ(error_of([&] {
                   evaluate("gather", {itable, ids});
               }),
@@ -159,6 +165,52 @@ TEST(Gather, TypeErrors) {
                   evaluate("gather_grad", {g, ids, table});
               }).find("does not match"),
               std::string::npos);
+}
+
+// A batched table T[B, ~N, ...] is gathered per sample: sample b's ids index its own N_b rows
+// (the padded tier reorders patches this way). Forward against per-sample loops, the table
+// gradient against central differences and against per-sample sums, the range per sample.
+TEST(Gather, BatchedTablesAreGatheredPerSample) {
+    const std::vector<Shape_> rows = {{3, 2}, {0, 2}, {5, 2}, {1, 2}};
+    const std::vector<Shape_> picks = {{4}, {0}, {6}, {2}};
+    for (DType it : {DType::i32, DType::i64}) {
+        SCOPED_TRACE(dtype_name(it));
+        auto table = random_batch(DType::f64, "~N, 2", rows);
+        std::vector<DenseArray> list;
+        for (std::size_t b = 0; b < rows.size(); ++b)
+            list.push_back(
+                random_ids(it, "~M", {picks[b]}, std::max<std::int64_t>(rows[b][0], 1))
+                    .to_list()[0]);
+        auto ids = RaggedTensor::from_list(list, "~M");
+        auto y = evaluate("gather", {table, ids});
+        EXPECT_EQ(y.schema().str(), "f64[B, ~M, 2]");
+        const auto t = samples(table), i = samples(ids), got = samples(y);
+        std::vector<Nd> sums;
+        for (std::size_t b = 0; b < rows.size(); ++b) {
+            std::vector<Nd> one = gather_reference(t[b], RaggedTensor::dense(ids.to_list()[b]));
+            EXPECT_EQ(got[b].v, one[0].v) << "sample " << b;
+            Nd sum(t[b].shape); // the gradient of sum(gather(table, ids) * 1)
+            for (double id : i[b].v)
+                for (std::int64_t j = 0; j < 2; ++j) sum.v[std::size_t(std::int64_t(id) * 2 + j)] += 1;
+            sums.push_back(sum);
+        }
+        check_vjp("gather", {table, ids});
+        auto ones = RaggedTensor::from_f64(DType::f64, y.structure_ptr(),
+                                           std::vector<double>(std::size_t(y.numel()), 1.0));
+        EXPECT_TRUE(samples_close(evaluate("gather_grad", {ones, ids, table}), sums, 0.0, 0.0));
+        check_vjp("gather_grad", {RaggedTensor::from_f64(DType::f64, y.structure_ptr(),
+                                                         y.to_f64()),
+                                  ids, table});
+    }
+    auto table = random_batch(DType::f32, "~N, 2", rows);
+    auto bad = RaggedTensor::from_list({DenseArray::from_f64(DType::i64, {1}, {2}),
+                                        DenseArray::from_f64(DType::i64, {0}, {}),
+                                        DenseArray::from_f64(DType::i64, {2}, {4, 5}),
+                                        DenseArray::from_f64(DType::i64, {1}, {0})},
+                                       "~M");
+    EXPECT_EQ(error_of([&] { evaluate("gather", {table, bad}); }),
+              "gather: sample 2, position (1,): id 5 is outside [0, 5) for its sample's 5 table "
+              "rows");
 }
 
 TEST(Positions, IndexAlongTheAxisOnEveryAxisKind) {

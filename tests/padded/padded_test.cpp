@@ -197,13 +197,13 @@ TEST(Padded, CompilesOncePerSchemaAcrossLengths) {
 
 TEST(Padded, UnsupportedOpsAreCompileErrors) {
     auto m = Module::compile(R"(
-fn f(x: f32[B, 3, ~H, ~W]) -> f32[] { return sum(patches(x, 2)) }
+fn f(x: f32[B, 3, ~H, ~W]) -> f32[] { return sum(pad(x)) }
 )");
     m->set_padded(true);
     auto args = std::vector<Value>{
         random_for(Schema{DType::f32, Shape{true, parse_axes("3, ~H, ~W")}}, {2, 3})};
     std::string msg = error_of([&] { m->call("f", args); });
-    EXPECT_NE(msg.find("padded execution does not support patches"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("padded execution does not support pad"), std::string::npos) << msg;
     m->set_padded(false);
     EXPECT_NO_THROW(m->call("f", args));
 }
