@@ -124,19 +124,27 @@ RaggedTensor pool_grad(const ir::Node& n, const RaggedTensor& g, const RaggedTen
     return dx;
 }
 
+// Per input row: its first output row expanded pixel by pixel, the other m - 1 copied whole.
 template <class T> RaggedTensor upsample(const ir::Node& n, const RaggedTensor& x) {
     const std::int64_t m = n.attrs.get_int("scale", 2), c = x.structure().size(0, 0);
     RaggedTensor y = uninitialized(x.dtype(), upsample2d_structure(n.type.shape, x.structure(), m));
     const T* xv = static_cast<const T*>(x.data());
     T* yv = static_cast<T*>(y.mutable_data());
-    for_rows(y.structure(), [&](std::int64_t i, std::int64_t oy) {
+    for_rows(x.structure(), [&](std::int64_t i, std::int64_t iy) {
         const Img X = img(x.structure(), i), Y = img(y.structure(), i);
-        for (std::int64_t ox = 0; ox < Y.w; ++ox)
-            std::memcpy(yv + Y.at(oy, ox), xv + X.at(oy / m, ox / m), std::size_t(c) * sizeof(T));
+        T* first = yv + Y.at(iy * m, 0);
+        for (std::int64_t ix = 0; ix < X.w; ++ix) {
+            const T* p = xv + X.at(iy, ix);
+            for (std::int64_t b = 0; b < m; ++b) std::copy_n(p, c, first + (ix * m + b) * c);
+        }
+        for (std::int64_t a = 1; a < m; ++a)
+            std::copy_n(first, Y.w * c, yv + Y.at(iy * m + a, 0));
     });
     return y;
 }
 
+// Per input row: the m output rows above it summed into it, in the order (a, b) of each
+// window, as the reference sums.
 template <class T>
 RaggedTensor upsample_grad(const ir::Node& n, const RaggedTensor& g, const RaggedTensor& x) {
     const std::int64_t m = n.attrs.get_int("scale", 2), c = x.structure().size(0, 0);
@@ -145,14 +153,14 @@ RaggedTensor upsample_grad(const ir::Node& n, const RaggedTensor& g, const Ragge
     T* out = static_cast<T*>(dx.mutable_data());
     for_rows(x.structure(), [&](std::int64_t i, std::int64_t iy) {
         const Img X = img(x.structure(), i), Y = img(g.structure(), i);
-        for (std::int64_t ix = 0; ix < X.w; ++ix) {
-            T* o = out + X.at(iy, ix);
-            std::fill(o, o + c, T(0));
-            for (std::int64_t a = 0; a < m; ++a)
-                for (std::int64_t b = 0; b < m; ++b) {
-                    const T* p = gv + Y.at(iy * m + a, ix * m + b);
-                    for (std::int64_t k = 0; k < c; ++k) o[k] += p[k];
-                }
+        T* o = out + X.at(iy, 0);
+        std::fill(o, o + X.w * c, T(0));
+        for (std::int64_t a = 0; a < m; ++a) {
+            const T* row = gv + Y.at(iy * m + a, 0);
+            for (std::int64_t ix = 0; ix < X.w; ++ix)
+                for (std::int64_t b = 0; b < m; ++b)
+                    for (std::int64_t k = 0; k < c; ++k)
+                        o[ix * c + k] += row[(ix * m + b) * c + k];
         }
     });
     return dx;

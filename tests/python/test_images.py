@@ -93,7 +93,10 @@ def pool_source(dt, c=3):
     for name, (call, _) in POOLS.items():
         args = f"x: {dt}[B, {c}, ~H, ~W]"
         src += f"fn {name}({args}) -> {dt}[B, {c}, ~H2, ~W2] {{ return {call} }}\n"
-        src += f"fn loss_{name}({args}) -> {dt}[] {{ let y = {call}\n return sum(y * y) + sum(y) }}\n"
+        # The column index weighs each output differently, so a gradient that mixes up the
+        # outputs of one window (equal under sum(y * y) for an upsampling) is seen.
+        src += (f"fn loss_{name}({args}) -> {dt}[] {{ let y = {call}\n"
+                f" return sum(y * y) + sum(y * {dt}(positions(y, axis=3))) }}\n")
         src += f"fn dx_{name}({args}) -> {dt}[B, {c}, ~H, ~W] {{ return grad(loss_{name}, wrt=x)(x) }}\n"
     for p in (2, 3):
         src += (f"fn patches{p}({args}) -> {dt}[B, ~P, {c * p * p}] {{ return patches(x, {p}) }}\n"
