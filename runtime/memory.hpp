@@ -9,14 +9,11 @@
 // near-uniform pair-program step here. Small blocks go straight to malloc, which caches them
 // itself.
 //
-// The cache holds at most 5/4 of the process's high-water mark of live bytes minus the bytes
-// live now: a step's whole working set stays resident between calls, however large (a fixed
-// 1 GiB cap emptied the whole cache whenever a larger step passed it). The quarter above the
-// high-water mark is there because a step that allocates the same blocks every call still
-// needs, class by class, the most blocks it ever holds of each at once, and those maxima add up
-// to more than the peak of their sum: bounded by the peak itself, BERT-Small's training step
-// faulted in 880 MiB of fresh pages every call (6% of its time); with the quarter, none, for
-// 6.5% more peak resident memory.
+// The cache holds at most the process's high-water mark of live bytes minus the bytes live
+// now, so live plus cached never exceeds the most the computation itself needed at once: a
+// step's whole working set stays resident between calls, however large (a fixed 1 GiB cap
+// emptied the whole cache whenever a larger step passed it), and the cache never raises the
+// process's peak.
 #pragma once
 #include <cstddef>
 
