@@ -105,9 +105,9 @@ int Padder::mask_of(const std::string& name, int like, int axis) {
                              {{"dtype", std::string("f32")}});
         int L;
         if (factors) {
-            L = emit("mul", {valid_length(factors->first), valid_length(factors->second)});
+            L = emit("mul", {length(factors->first, true), length(factors->second, true)});
         } else {
-            L = valid_length(step->base);
+            L = length(step->base, true);
             L = step->kind == DerivedStep::Kind::grow
                     ? emit("add", {L, constant(double(step->a), DType::f32)})
                     : emit("scale", {L}, {{"c", double(step->a)}});
@@ -119,9 +119,10 @@ int Padder::mask_of(const std::string& name, int like, int axis) {
          " is not an axis of any argument, so its valid extents are unknown");
 }
 
-int Padder::valid_length(const std::string& name) {
-    return emit("sum", {emit("cast", {mask_of(name)}, {{"dtype", std::string("f32")}})},
-                {{"axis", std::int64_t(1)}});
+int Padder::length(const std::string& name, bool valid) {
+    int m = emit("cast", {mask_of(name)}, {{"dtype", std::string("f32")}});
+    if (!valid) m = emit("ones_like", {m});
+    return emit("sum", {m}, {{"axis", std::int64_t(1)}});
 }
 
 // patches(x) of a padded image numbers its patches over the envelope's grid (N_max / p
@@ -135,16 +136,14 @@ int Padder::patches(int x, const Attrs& attrs) {
     const std::string P = type(grid).shape.axes[0].name;
     const auto factors = product_factors(P);
     if (!factors) fail("padded execution: internal error, patches axis ~", P);
-    const int w = valid_length(factors->second);
-    const int GW = emit("sum", {emit("ones_like", {emit("cast", {mask_of(factors->second)},
-                                                        {{"dtype", std::string("f32")}})})},
-                        {{"axis", std::int64_t(1)}});
+    const int w = length(factors->second, true), GW = length(factors->second, false);
     auto col = [&](int c) { return emit("index", {c}, {{"spec", std::string(":, new")}}); };
     const int t = emit("cast", {emit("positions", {grid}, {{"axis", std::int64_t(1)}})},
                        {{"dtype", std::string("f32")}});
     const int w1 = col(emit("maximum", {w, constant(1, DType::f32)}));
-    const int row = emit("cast", {emit("cast", {emit("div", {t, w1})}, {{"dtype", std::string("i64")}})},
-                         {{"dtype", std::string("f32")}}); // trunc = floor: t >= 0
+    const int row =
+        emit("cast", {emit("cast", {emit("div", {t, w1})}, {{"dtype", std::string("i64")}})},
+             {{"dtype", std::string("f32")}}); // trunc = floor: t >= 0
     const int own = emit("add", {t, emit("mul", {row, col(emit("sub", {GW, w}))})});
     // t (not grid) stands for ~P's positions: mask_of need not sum the patch values away.
     const int at = emit("where", {mask_of(P, t, 0), own, t});

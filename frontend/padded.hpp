@@ -73,8 +73,8 @@ class Padder {
     int biased_attention(int q, int k, int v, int bias, const Attrs& attrs);
     int mean_loss(std::string_view name, std::vector<int> args, int positions_of);
     int patches(int x, const Attrs& attrs);
-    // f32[B]: the valid length of ragged axis ~name per sample.
-    int valid_length(const std::string& name);
+    // f32[B]: per sample, the valid length of ragged axis ~name (or its envelope's).
+    int length(const std::string& name, bool valid);
 
     ir::Builder& b_;
     std::vector<std::string> names_;

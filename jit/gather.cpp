@@ -57,9 +57,9 @@ RaggedTensor gather(const ir::Node& n, const RaggedTensor& table, const RaggedTe
     parallel_for(
         ids.numel(), std::max<std::int64_t>(1, 65536 / std::max<std::size_t>(row_bytes, 1)),
         [&](std::int64_t k0, std::int64_t k1) {
-            std::size_t i = std::size_t(std::upper_bound(starts.begin(), starts.end(), k0) -
-                                        starts.begin()) -
-                            1;
+            std::size_t i =
+                std::size_t(std::upper_bound(starts.begin(), starts.end(), k0) - starts.begin()) -
+                1;
             for (std::int64_t k = k0; k < k1; ++k) {
                 while (k >= starts[i + 1]) ++i;
                 const std::int64_t v = id[k];

@@ -137,8 +137,7 @@ template <class T> RaggedTensor upsample(const ir::Node& n, const RaggedTensor& 
             const T* p = xv + X.at(iy, ix);
             for (std::int64_t b = 0; b < m; ++b) std::copy_n(p, c, first + (ix * m + b) * c);
         }
-        for (std::int64_t a = 1; a < m; ++a)
-            std::copy_n(first, Y.w * c, yv + Y.at(iy * m + a, 0));
+        for (std::int64_t a = 1; a < m; ++a) std::copy_n(first, Y.w * c, yv + Y.at(iy * m + a, 0));
     });
     return y;
 }
@@ -159,8 +158,7 @@ RaggedTensor upsample_grad(const ir::Node& n, const RaggedTensor& g, const Ragge
             const T* row = gv + Y.at(iy * m + a, 0);
             for (std::int64_t ix = 0; ix < X.w; ++ix)
                 for (std::int64_t b = 0; b < m; ++b)
-                    for (std::int64_t k = 0; k < c; ++k)
-                        o[ix * c + k] += row[(ix * m + b) * c + k];
+                    for (std::int64_t k = 0; k < c; ++k) o[ix * c + k] += row[(ix * m + b) * c + k];
         }
     });
     return dx;

@@ -122,15 +122,17 @@ Schema gather_schema(const Schema& table, const Schema& ids, std::string_view op
         fail(op, ": the table must have a row axis T[V, ...], got ", table.str());
     for (std::size_t a = table.shape.batched ? 1 : 0; a < table.shape.axes.size(); ++a)
         if (table.shape.axes[a].is_ragged())
-            fail(op, ": the table's rows must be dense (T[V, ...], or T[B, ~N, ...] gathered per "
-                     "sample), got ",
+            fail(op,
+                 ": the table's rows must be dense (T[V, ...], or T[B, ~N, ...] gathered per "
+                 "sample), got ",
                  table.str());
     if (!is_floating(table.dtype))
         fail(op, ": the table must be a floating-point array, got ", table.str());
     if (!is_index_dtype(ids.dtype)) fail(op, ": ids must be i32 or i64, got ", ids.str());
     if (table.shape.batched && !ids.shape.batched)
-        fail(op, ": a batched table T[B, ~N, ...] is gathered per sample, so ids must be batched "
-                 "too, got ",
+        fail(op,
+             ": a batched table T[B, ~N, ...] is gathered per sample, so ids must be batched "
+             "too, got ",
              ids.str());
     Schema out{table.dtype, ids.shape};
     out.shape.axes.insert(out.shape.axes.end(), table.shape.axes.begin() + 1,

@@ -18,7 +18,7 @@ Schema positions_schema(const Schema& x, std::int64_t axis, int* p = nullptr);
 // Where gather finds its rows: an unbatched table T[V, ...] has V rows for every sample; a
 // batched T[B, ~N, ...] gives sample b its own N_b rows, from packed row first(b).
 class GatherRows {
-public:
+  public:
     GatherRows(const Structure& table, const Structure& ids);
     bool batched() const { return batched_; }
     std::int64_t count(std::int64_t sample) const {
@@ -28,7 +28,7 @@ public:
         return batched_ ? first_[std::size_t(sample)] : 0;
     }
 
-private:
+  private:
     bool batched_;
     std::int64_t rows_;
     std::vector<std::int64_t> first_;

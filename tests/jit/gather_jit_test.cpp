@@ -208,9 +208,9 @@ TEST(CompiledGather, BatchedTablesAreCompiledAndBitwiseTheReference) {
     auto tab = random_batch(DType::f32, "~N, 16", rows);
     auto id = RaggedTensor::from_list(list, "~M");
     auto gy = evaluate("gather", {tab, id});
-    auto gg = RaggedTensor::from_f64(
-        DType::f32, gy.structure_ptr(),
-        random_batch(DType::f64, "~K", {{gy.numel()}}, -1e3, 1e3).to_f64());
+    auto gg =
+        RaggedTensor::from_f64(DType::f32, gy.structure_ptr(),
+                               random_batch(DType::f64, "~K", {{gy.numel()}}, -1e3, 1e3).to_f64());
     for (int t : {1, 2, 3}) {
         set_num_threads(t);
         expect_bitwise(f, {tab, id, gg});

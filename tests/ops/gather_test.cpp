@@ -178,9 +178,8 @@ TEST(Gather, BatchedTablesAreGatheredPerSample) {
         auto table = random_batch(DType::f64, "~N, 2", rows);
         std::vector<DenseArray> list;
         for (std::size_t b = 0; b < rows.size(); ++b)
-            list.push_back(
-                random_ids(it, "~M", {picks[b]}, std::max<std::int64_t>(rows[b][0], 1))
-                    .to_list()[0]);
+            list.push_back(random_ids(it, "~M", {picks[b]}, std::max<std::int64_t>(rows[b][0], 1))
+                               .to_list()[0]);
         auto ids = RaggedTensor::from_list(list, "~M");
         auto y = evaluate("gather", {table, ids});
         EXPECT_EQ(y.schema().str(), "f64[B, ~M, 2]");
@@ -191,24 +190,25 @@ TEST(Gather, BatchedTablesAreGatheredPerSample) {
             EXPECT_EQ(got[b].v, one[0].v) << "sample " << b;
             Nd sum(t[b].shape); // the gradient of sum(gather(table, ids) * 1)
             for (double id : i[b].v)
-                for (std::int64_t j = 0; j < 2; ++j) sum.v[std::size_t(std::int64_t(id) * 2 + j)] += 1;
+                for (std::int64_t j = 0; j < 2; ++j)
+                    sum.v[std::size_t(std::int64_t(id) * 2 + j)] += 1;
             sums.push_back(sum);
         }
         check_vjp("gather", {table, ids});
         auto ones = RaggedTensor::from_f64(DType::f64, y.structure_ptr(),
                                            std::vector<double>(std::size_t(y.numel()), 1.0));
         EXPECT_TRUE(samples_close(evaluate("gather_grad", {ones, ids, table}), sums, 0.0, 0.0));
-        check_vjp("gather_grad", {RaggedTensor::from_f64(DType::f64, y.structure_ptr(),
-                                                         y.to_f64()),
-                                  ids, table});
+        check_vjp("gather_grad",
+                  {RaggedTensor::from_f64(DType::f64, y.structure_ptr(), y.to_f64()), ids, table});
     }
     auto table = random_batch(DType::f32, "~N, 2", rows);
-    auto bad = RaggedTensor::from_list({DenseArray::from_f64(DType::i64, {1}, {2}),
-                                        DenseArray::from_f64(DType::i64, {0}, {}),
-                                        DenseArray::from_f64(DType::i64, {2}, {4, 5}),
-                                        DenseArray::from_f64(DType::i64, {1}, {0})},
-                                       "~M");
-    EXPECT_EQ(error_of([&] { evaluate("gather", {table, bad}); }),
+    auto bad = RaggedTensor::from_list(
+        {DenseArray::from_f64(DType::i64, {1}, {2}), DenseArray::from_f64(DType::i64, {0}, {}),
+         DenseArray::from_f64(DType::i64, {2}, {4, 5}), DenseArray::from_f64(DType::i64, {1}, {0})},
+        "~M");
+    EXPECT_EQ(error_of([&] {
+                  evaluate("gather", {table, bad});
+              }),
               "gather: sample 2, position (1,): id 5 is outside [0, 5) for its sample's 5 table "
               "rows");
 }
