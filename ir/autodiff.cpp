@@ -63,7 +63,10 @@ Function differentiate(const Function& f, int of, const std::vector<int>& wrt) {
     Function g = f;
     g.name = f.name + "_grad";
     const std::size_t n = g.nodes.size();
-    const int seed = Builder(g).op("ones_like", {out});
+    // The seed dL/dL = 1 is a constant, not ones_like(L): nothing then reads L's value, so a
+    // gradient that does not return L never computes the loss's last step (a cross entropy's
+    // log-sum-exp over every row, say).
+    const int seed = Builder(g).constant(1.0, ot.dtype);
     std::vector<int> inputs;
     for (int k : wrt) inputs.push_back(f.inputs.at(std::size_t(k)));
     auto adj = reverse(g, n, {{out, seed}}, inputs);

@@ -120,6 +120,22 @@ TEST(Autodiff, SharedValuesAccumulate) {
     for (std::size_t k = 0; k < xv.size(); ++k) EXPECT_NEAR(g[k], 2 * xv[k] + 1, 1e-12);
 }
 
+// The seed dL/dL is a constant, so a gradient that does not return the loss does not read
+// it: the loss's last op (a cross entropy's log-sum-exp over every row) is dead code.
+TEST(Autodiff, AGradientAloneDoesNotComputeTheLoss) {
+    ir::Function f;
+    f.name = "ce";
+    ir::Builder b(f);
+    int z = b.input(ragged(DType::f32, "~N, 4"), "z");
+    int y = b.input(ragged(DType::i64, "~N"), "y");
+    f.outputs = {b.op("cross_entropy", {z, y})};
+    ir::Function d = ir::differentiate(f, 0, {0});
+    d.outputs.erase(d.outputs.begin()); // keep the gradient only
+    d = ir::eliminate_dead_code(d);
+    for (const ir::Node& n : d.nodes)
+        EXPECT_NE(n.op, "cross_entropy") << ir::print(d);
+}
+
 TEST(Autodiff, RejectsNonScalarResults) {
     ir::Function f;
     f.name = "vec";
