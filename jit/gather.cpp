@@ -120,24 +120,12 @@ struct RowIo {
     }
 };
 
-template <class I>
 RaggedTensor gather_grad(const RaggedTensor& g, const RaggedTensor& ids,
                          const RaggedTensor& table) {
     const std::int64_t d = row_elements(table), n = ids.numel();
     const std::int64_t rows = d ? table.numel() / d : 0; // every sample's, for a batched table
-    const GatherRows per_sample(table.structure(), ids.structure());
-    const I* id = ids_as<I>(ids);
     // Each position's packed table row, then a stable counting sort of the positions by it.
-    std::vector<std::int64_t> row(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < ids.batch(); ++i) {
-        const std::int64_t k0 = ids.structure().sample_begin(i);
-        for (std::int64_t k = k0; k < k0 + ids.structure().sample_numel(i); ++k) {
-            const std::int64_t v = id[k];
-            if (v < 0 || v >= per_sample.count(i))
-                gather_id_error("gather_grad", ids.structure(), k, v, per_sample, i);
-            row[std::size_t(k)] = per_sample.first(i) + v;
-        }
-    }
+    const std::vector<std::int64_t> row = gather_rows("gather_grad", table, ids);
     std::vector<std::int64_t> start(std::size_t(rows + 1), 0);
     for (std::int64_t k = 0; k < n; ++k) ++start[std::size_t(row[std::size_t(k)] + 1)];
     for (std::int64_t v = 0; v < rows; ++v) start[std::size_t(v + 1)] += start[std::size_t(v)];
@@ -227,8 +215,7 @@ RaggedTensor run_gather_step(const ir::Node& n, const std::vector<RaggedTensor>&
                                             : gather<std::int64_t>(n, arg(0), arg(1));
     const RaggedTensor &g = arg(0), &ids = arg(1), &table = arg(2);
     if (!gather_grad_matches(g, ids)) return evaluate("gather_grad", {g, ids, table}, n.attrs);
-    return ids.dtype() == DType::i32 ? gather_grad<std::int32_t>(g, ids, table)
-                                     : gather_grad<std::int64_t>(g, ids, table);
+    return gather_grad(g, ids, table);
 }
 
 } // namespace rag::jit

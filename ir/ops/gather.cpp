@@ -2,7 +2,7 @@
 // storage of gather's result is the ids' packed order with each id expanded to one table row
 // (the appended axes are static and last in both logical and storage order), so the kernels
 // copy whole rows. A batched table is gathered per sample: sample b's ids index the rows of
-// sample b, at packed row table_row(b, id) (gather_row in gather.hpp).
+// sample b (GatherRows in gather.hpp).
 #include "ir/ops/gather.hpp"
 
 #include "ir/ops/kernel_util.hpp"
@@ -40,31 +40,15 @@ StructurePtr gather_structure(const Schema& out, const RaggedTensor& table,
     });
 }
 
-// Calls fn(k, row) for every packed id k with the packed table row it names, after checking
-// it against its sample's rows.
-template <class Fn>
-void for_each_row(std::string_view op, const RaggedTensor& table, const RaggedTensor& ids,
-                  Fn&& fn) {
-    const GatherRows rows(table.structure(), ids.structure());
-    for (std::int64_t i = 0; i < ids.batch(); ++i) {
-        const std::int64_t k0 = ids.structure().sample_begin(i);
-        for (std::int64_t k = k0; k < k0 + ids.structure().sample_numel(i); ++k) {
-            const std::int64_t id = id_at(ids, k);
-            if (id < 0 || id >= rows.count(i)) gather_id_error(op, ids.structure(), k, id, rows, i);
-            fn(k, rows.first(i) + id);
-        }
-    }
-}
-
 RaggedTensor gather_kernel(const RaggedTensor& table, const RaggedTensor& ids) {
     Schema out = gather_schema(table.schema(), ids.schema());
     RaggedTensor y = RaggedTensor::zeros(out.dtype, gather_structure(out, table, ids));
     const std::size_t row_bytes = std::size_t(row_size(table)) * dtype_size(table.dtype());
-    for_each_row("gather", table, ids, [&](std::int64_t k, std::int64_t row) {
-        std::memcpy(static_cast<std::byte*>(y.mutable_data()) + std::size_t(k) * row_bytes,
-                    static_cast<const std::byte*>(table.data()) + std::size_t(row) * row_bytes,
+    const std::vector<std::int64_t> rows = gather_rows("gather", table, ids);
+    for (std::size_t k = 0; k < rows.size(); ++k)
+        std::memcpy(static_cast<std::byte*>(y.mutable_data()) + k * row_bytes,
+                    static_cast<const std::byte*>(table.data()) + std::size_t(rows[k]) * row_bytes,
                     row_bytes);
-    });
     return y;
 }
 
@@ -89,10 +73,10 @@ RaggedTensor gather_grad_kernel(const RaggedTensor& g, const RaggedTensor& ids,
     const std::int64_t d = row_size(table);
     std::vector<double> acc(std::size_t(table.numel()), 0.0);
     const std::vector<double> gv = g.to_f64();
-    for_each_row("gather_grad", table, ids, [&](std::int64_t k, std::int64_t row) {
+    const std::vector<std::int64_t> rows = gather_rows("gather_grad", table, ids);
+    for (std::size_t k = 0; k < rows.size(); ++k)
         for (std::int64_t j = 0; j < d; ++j)
-            acc[std::size_t(row * d + j)] += gv[std::size_t(k * d + j)];
-    });
+            acc[std::size_t(rows[k] * d + j)] += gv[k * std::size_t(d) + std::size_t(j)];
     return RaggedTensor::from_f64(table.dtype(), table.structure_ptr(), acc);
 }
 
@@ -157,22 +141,36 @@ Schema positions_schema(const Schema& x, std::int64_t axis, int* p) {
             Shape{x.shape.batched, {x.shape.axes.begin(), x.shape.axes.begin() + a + 1}}};
 }
 
+std::vector<std::int64_t> gather_rows(std::string_view op, const RaggedTensor& table,
+                                      const RaggedTensor& ids) {
+    const GatherRows rows(table.structure(), ids.structure());
+    std::vector<std::int64_t> out(std::size_t(ids.numel()));
+    for (std::int64_t i = 0; i < ids.batch(); ++i) {
+        const std::int64_t k0 = ids.structure().sample_begin(i);
+        for (std::int64_t k = k0; k < k0 + ids.structure().sample_numel(i); ++k) {
+            const std::int64_t id = id_at(ids, k);
+            if (id < 0 || id >= rows.count(i)) gather_id_error(op, ids.structure(), k, id, rows, i);
+            out[std::size_t(k)] = rows.first(i) + id;
+        }
+    }
+    return out;
+}
+
 void gather_id_error(std::string_view op, const Structure& ids, std::int64_t packed,
                      std::int64_t id, const GatherRows& rows, std::int64_t sample) {
-    std::int64_t i = 0;
-    while (i + 1 < ids.batch() && ids.sample_begin(i + 1) <= packed) ++i;
-    const std::int64_t local = packed - ids.sample_begin(i);
-    const auto strides = ids.sample_strides(i);
+    const std::int64_t local = packed - ids.sample_begin(sample);
+    const auto strides = ids.sample_strides(sample);
     std::string pos = "(";
     for (int a = 0; a < ids.rank(); ++a)
-        pos += (a ? ", " : "") + std::to_string(local / strides[std::size_t(a)] % ids.size(i, a));
+        pos +=
+            (a ? ", " : "") + std::to_string(local / strides[std::size_t(a)] % ids.size(sample, a));
     pos += ids.rank() == 1 ? ",)" : ")";
     const std::int64_t V = rows.count(sample);
     if (rows.batched())
-        fail(op, ": sample ", i, ", position ", pos, ": id ", id, " is outside [0, ", V,
+        fail(op, ": sample ", sample, ", position ", pos, ": id ", id, " is outside [0, ", V,
              ") for its sample's ", V, " table rows");
     if (ids.shape().batched)
-        fail(op, ": sample ", i, ", position ", pos, ": id ", id, " is outside [0, ", V,
+        fail(op, ": sample ", sample, ", position ", pos, ": id ", id, " is outside [0, ", V,
              ") for a table of V = ", V, " rows");
     fail(op, ": position ", pos, ": id ", id, " is outside [0, ", V, ") for a table of V = ", V,
          " rows");

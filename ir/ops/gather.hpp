@@ -2,7 +2,7 @@
 // gradient gather_grad, and positions(x, axis). The type rule and the out-of-range message are
 // shared with the CPU tier's kernels (jit/gather.cpp) so both tiers say the same thing.
 #pragma once
-#include "runtime/structure.hpp"
+#include "runtime/tensor.hpp"
 
 #include <string_view>
 #include <vector>
@@ -33,6 +33,11 @@ class GatherRows {
     std::int64_t rows_;
     std::vector<std::int64_t> first_;
 };
+
+// Per packed id, the packed table row it names (GatherRows), each checked against its
+// sample's rows: gather_id_error for the first id, in packed order, outside them.
+std::vector<std::int64_t> gather_rows(std::string_view op, const RaggedTensor& table,
+                                      const RaggedTensor& ids);
 
 // The error for ids element `packed` (its place in packed storage, in sample `sample`)
 // holding `id`, outside [0, rows.count(sample)): names the sample, the position in it and the
