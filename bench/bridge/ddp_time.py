@@ -50,7 +50,7 @@ def run(rank, world, steps, warmup, port):
                           "steps": steps, "warmup": warmup,
                           "ms_median": statistics.median(times[warmup:]),
                           "ms": [round(v, 2) for v in times[warmup:]]}), flush=True)
-    dist.destroy_process_group()
+    ddp.end_rank()
 
 
 def main():

@@ -88,9 +88,13 @@ class _Call(torch.autograd.Function):
         args = call.rag_args(tensors)
         result, saved = call.fn.call_saving(*args)
         out = _to_torch(result)
-        ctx.saved, ctx.call, ctx.out = saved, call, out
+        # ctx keeps the result's structure, not its tensors: those become the outputs, whose
+        # grad_fn is this ctx, and a cycle would keep the saved state alive until Python's
+        # garbage collector ran (each call's buffers then come from fresh pages: +0.9 ms on a
+        # 1 ms call).
+        ctx.saved, ctx.call, ctx.out = saved, call, _skeleton(out)
         ctx.n_inputs = len(tensors)
-        call.last = out
+        call.last = out  # taken (and cleared) by the caller
         leaves = _leaves(out)
         ctx.mark_non_differentiable(*[t for t in leaves if not t.is_floating_point()])
         return tuple(leaves)
@@ -101,7 +105,20 @@ class _Call(torch.autograd.Function):
         return (None,) + tuple(ctx.call.torch_grads(per_arg))
 
 
+class _Shape:
+    """A result tensor's place in a skeleton: its shape, without its storage."""
+
+    def __init__(self, t):
+        self.shape = t.shape
+
+
+def _skeleton(x):
+    """A converted result with each tensor replaced by its _Shape: what backward needs of it."""
+    return _rebuild(x, [_Shape(t) for t in _leaves(x)])
+
+
 def _cotangent(e, g):
+    """The cotangent rag takes for the output of skeleton `e` from torch gradients `g`."""
     if all(t is None for t in g):
         return None
     if isinstance(e, Ragged):
@@ -350,7 +367,7 @@ def _op_call(key: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     result, saved = layout.fn.call_saving(*layout.rag_args(tensors))
     out = _to_torch(result)
     _next_id[0] += 1
-    _SAVED[_next_id[0]] = (saved, out)
+    _SAVED[_next_id[0]] = (saved, _skeleton(out))
     return [t.clone() for t in _leaves(out)] + [torch.tensor(_next_id[0])]
 
 
@@ -453,7 +470,8 @@ def function(module, name):
         if torch.compiler.is_compiling():
             return _compiled_call(fn_id, b)
         leaves = _Call.apply(b, *b.tensors)
-        return _rebuild(b.last, list(leaves))
+        last, b.last = b.last, None  # b lives on in the autograd graph; the result must not
+        return _rebuild(last, list(leaves))
 
     call.__name__ = name
     call.rag_fn = fn

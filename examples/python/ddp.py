@@ -94,7 +94,20 @@ def train(rank, world, steps, port, out, seed=0):
         if out:
             torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, out)
         print("ddp losses:", " ".join("%.6f" % v for v in losses))
+    end_rank()
+
+
+def end_rank():
+    """Leaves the process group and ends this rank's process without Python's finalisation.
+    Gloo's worker thread may still be destroying a finished collective's work object, whose
+    tensors belong to Python objects; if the interpreter is finalising meanwhile, that thread
+    cannot take the GIL and the process aborts ("terminate called without an active
+    exception", about one run in ten here; torch's destroy_process_group does not wait for
+    it). Everything the rank had to write is written and flushed before this."""
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def single_process_step(seed=0, steps=1):
