@@ -94,6 +94,44 @@ def measure(m, a, batch):
         print(json.dumps(dict(base, system=name, ms_median=statistics.median(ts),
                               ms_min=min(ts), ms=[round(v, 2) for v in ts])))
     print(json.dumps(dict(base, system="ratio", median_pair_ratio=statistics.median(ratios))))
+    stubbed = bridge_alone_ms(m, model, (xs, ys, scale), (x_rag, y_rag, params, scale), one)
+    print(json.dumps(dict(base, system="bridge alone", ms_median=stubbed)))
+
+
+class _Recorded:
+    """The rag function with its work done once: call_saving and backward return what the real
+    ones returned, so timing a call through the bridge times the bridge alone."""
+
+    def __init__(self, fn, args, one):
+        self.signature = fn.signature
+        self.result, saved = fn.call_saving(*args)
+        self.grads = saved.backward(one)
+
+    def call_saving(self, *args):
+        return self.result, self
+
+    def backward(self, cotangent):
+        return self.grads
+
+
+def bridge_alone_ms(m, model, torch_args, rag_args, one, calls=201):
+    """Median ms of the training step through rag.torch with rag's work stubbed out: the cost
+    the bridge (torch's autograd, the argument and gradient conversions) adds when its code is
+    warm in the caches. The paired overhead above is larger: after rag's kernels the same code
+    runs from colder caches."""
+    stub = _Recorded(m["scaled_loss"], rag_args, one)
+    real, model._call = model._call, rag.torch.function({"scaled_loss": stub}, "scaled_loss")
+    parameters = list(model.parameters())
+
+    def step():
+        for p in parameters:
+            p.grad = None
+        model(*torch_args).backward()
+
+    try:
+        return statistics.median(paired_ms({"stub": step}, calls, 20)["stub"])
+    finally:
+        model._call = real
 
 
 if __name__ == "__main__":
