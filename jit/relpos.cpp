@@ -21,7 +21,7 @@ namespace {
 
 constexpr const char* op_name = "relpos_attention";
 
-enum class Pass { forward, query_grad, key_grad, reduce, project };
+enum class Pass { forward, query_grad, key_grad, grad, reduce, project };
 
 using Compile = std::unique_ptr<CpuKernel> (*)(const kir::Kernel&);
 
@@ -50,6 +50,8 @@ std::shared_ptr<const CpuKernel> build(Pass pass, const RelposShape& s, bool emu
         return compile(relpos_query_grad_program(s));
     case Pass::key_grad:
         return compile(relpos_key_grad_program(s));
+    case Pass::grad:
+        return compile(relpos_grad_program(s));
     case Pass::reduce:
         break;
     case Pass::project:
@@ -90,11 +92,19 @@ const CpuKernel& kernel(Pass pass, const RelposSetup& setup) {
     return *start(pass, setup, false).get();
 }
 
-// The programs a backward runs: the two passes, and the table reduction when there are tables.
-std::vector<Pass> backward_passes(const RelposSetup& s) {
-    if (s.cfg.has[AQ] || s.cfg.has[AK] || s.cfg.has[BIAS])
-        return {Pass::query_grad, Pass::key_grad, Pass::reduce};
-    return {Pass::query_grad, Pass::key_grad};
+// Whether the backward runs in one pass (relpos_grad_program) rather than two: on the host, for
+// the shapes it supports, unless a test asks for the two passes.
+bool one_pass(const RelposSetup& s, const RelposOptions& opt) {
+    return !s.emulated && !opt.two_pass_backward && relpos_one_pass_backward(s.shape);
+}
+
+// The programs a backward runs: its pass or passes, and the table reduction when there are
+// tables.
+std::vector<Pass> backward_passes(const RelposSetup& s, const RelposOptions& opt) {
+    std::vector<Pass> passes = {Pass::grad};
+    if (!one_pass(s, opt)) passes = {Pass::query_grad, Pass::key_grad};
+    if (s.cfg.has[AQ] || s.cfg.has[AK] || s.cfg.has[BIAS]) passes.push_back(Pass::reduce);
+    return passes;
 }
 
 // Compiles the passes not cached yet on threads of their own, all at once (a first backward
@@ -212,7 +222,8 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         // One instance per sample and head in the backward passes: their table partials are
         // one per sample (not per strip), so they stay O(tokens) for every map.
         const std::size_t parts = std::size_t(s->nonempty() * s->H * s->WP);
-        Floats delta(std::size_t(s->tokens * s->H));
+        const bool one = one_pass(*s, opt);
+        Floats delta(one ? 1 : std::size_t(s->tokens * s->H)); // D_i, from the query pass
         Floats zq(sh.aq ? parts * std::size_t(sh.D) : 1), zb(sh.bias ? parts : 1);
         Floats zk(sh.ak ? parts * std::size_t(sh.D) : 1);
         std::vector<std::int64_t> qrange(std::size_t(2 * s->nonempty())), krange(qrange.size());
@@ -224,12 +235,21 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
             ptr(in[0]),          ptr(in[1]),          ptr(in[2]), table(s->eq),        table(s->ek),
             table(s->eb),        s->samples.data(),   ptr(dO),    fwd->lse.data.get(), delta.data(),
             g[1].mutable_data(), g[2].mutable_data(), zk.data(),  krange.data()};
+        std::vector<void*> bufs = {
+            ptr(in[0]),          ptr(in[1]),          ptr(in[2]),          table(s->eq),
+            table(s->ek),        table(s->eb),        s->samples.data(),   ptr(dO),
+            ptr(fwd->out),       fwd->lse.data.get(), g[0].mutable_data(), g[1].mutable_data(),
+            g[2].mutable_data(), zq.data(),           zb.data(),           qrange.data()};
         if (sh.saved)
-            for (auto* bufs : {&qbufs, &kbufs})
-                bufs->insert(bufs->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
-        prepare(backward_passes(*s), *s);
-        kernel(Pass::query_grad, *s).launch(s->nonempty() * s->H, qbufs, s->params());
-        kernel(Pass::key_grad, *s).launch(s->nonempty() * s->H, kbufs, s->params());
+            for (auto* b : {&qbufs, &kbufs, &bufs})
+                b->insert(b->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
+        prepare(backward_passes(*s, opt), *s);
+        if (one) {
+            kernel(Pass::grad, *s).launch(s->nonempty() * s->H, bufs, s->params());
+        } else {
+            kernel(Pass::query_grad, *s).launch(s->nonempty() * s->H, qbufs, s->params());
+            kernel(Pass::key_grad, *s).launch(s->nonempty() * s->H, kbufs, s->params());
+        }
         Floats* partial[] = {&zq, &zk, &zb};
         std::vector<std::int64_t>* ranges[] = {&qrange, &krange, &qrange};
         for (int t : {AQ, AK, BIAS}) {
@@ -281,7 +301,7 @@ void relpos_precompile(const ir::Function& f) {
         // the CPU tier: RelposOptions' default).
         std::vector<Pass> passes = {Pass::forward};
         if (grad)
-            for (Pass p : backward_passes(*s)) passes.push_back(p);
+            for (Pass p : backward_passes(*s, {})) passes.push_back(p);
         for (Pass p : passes) start(p, *s, true, false);
     }
 }

@@ -38,6 +38,9 @@ struct RelposOptions {
     // (jit/kir_emulator.hpp), so the GPU lowering of every pass is checked without a GPU.
     // Slow: every block is 128 host threads.
     bool emulate_gpu = false;
+    // For tests: the backward runs its two passes (query, then key) even where the host runs
+    // it in one (relpos_one_pass_backward), to compare the two.
+    bool two_pass_backward = false;
 };
 
 struct RelposForward {

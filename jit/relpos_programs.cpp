@@ -776,6 +776,139 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     return b.finish();
 }
 
+bool relpos_one_pass_backward(const RelposShape& s) {
+    return s.dtype == DType::f32 && !s.ak && !s.tensor_cores;
+}
+
+kir::Kernel relpos_grad_program(const RelposShape& s) {
+    Program p("relpos_grad", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    const auto f32 = kir::Elem::f32;
+    const bool by_row = s.aq || s.bias; // whether dZQ is needed
+    const int dO = b.buffer("dO", f32), out = b.buffer("out", f32), lse = b.buffer("lse", f32);
+    const int dq = b.buffer("dq", f32), dk = b.buffer("dk", f32), dv = b.buffer("dv", f32);
+    const int zq_part = b.buffer("zq_part", f32), zb_part = b.buffer("zb_part", f32);
+    const int range = b.buffer("range", kir::Elem::i64);
+    p.saved_buffers();
+    // The query pass's scratch, with the strip's rows also row-major (Qs) for dK.
+    const int Qs = b.scratch("Qs", p.G * s.D), dOs = b.scratch("dOs", p.G * s.Dv);
+    const int QsT = p.staged("QsT", J * s.D), dOsT = p.staged("dOsT", J * s.Dv);
+    const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
+    const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
+    const int dQ = b.scratch("dQ", p.G * s.D);
+    const int Ks = p.staged("Ks", J * s.D), Vs = p.staged("Vs", J * s.Dv);
+    const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
+    p.own_strip();
+    Expr n = p.n;
+    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
+    Expr sw = b.let(p.row(n - 1) - slo + 1, "sw");
+    Expr part = b.let(p.tile * p.H + p.h, "part");
+    b.loop(
+        0, sw,
+        [&](Expr w) {
+            if (s.aq)
+                b.loop(0, s.D, [&](Expr x) { b.store(zq_part, (part * p.WP + w) * s.D + x, 0.0); });
+            if (s.bias) b.store(zb_part, part * p.WP + w, 0.0);
+        },
+        Loop::threads);
+    // dK and dV accumulate in place over the strips, in strip order.
+    b.loop(
+        0, n,
+        [&](Expr j) {
+            b.loop(0, s.D, [&](Expr x) { b.store(dk, p.at(j, x, s.D), 0.0); });
+            b.loop(0, s.Dv, [&](Expr x) { b.store(dv, p.at(j, x, s.Dv), 0.0); });
+        },
+        Loop::threads);
+    b.loop(0, kir::ceil_div(n, p.G), [&](Expr strip) {
+        Expr i0 = b.let(strip * p.G, "i0");
+        Expr rows = b.let(min(p.G, n - i0), "rows");
+        Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
+        Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
+        p.stage(Qs, p.q, i0, rows, s.D);
+        p.stage(dOs, dO, i0, rows, s.Dv);
+        p.stage_t(QsT, p.q, i0, rows, s.D);
+        p.stage_t(dOsT, dO, i0, rows, s.Dv);
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                int d = b.var(Type::f32, 0.0);
+                b.loop(0, s.Dv, [&](Expr x) {
+                    b.set(d, b.get(d) +
+                                 b.load(dOs, g * s.Dv + x) * b.load(out, p.at(i0 + g, x, s.Dv)));
+                });
+                b.store(Dg, g, b.get(d));
+                b.store(Lg, g, b.load(lse, (p.o + i0 + g) * p.H + p.h));
+                b.loop(0, s.D, [&](Expr x) { b.store(dQ, g * s.D + x, 0.0); });
+                if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
+            },
+            Loop::threads);
+        if (p.projects_q()) p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
+        Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
+        b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
+            auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, -1, Vs, -1);
+            p.products(S, cols, Ks, QsT, s.D);
+            p.products(dP, cols, Vs, dOsT, s.Dv);
+            b.loop(
+                0, cols,
+                [&](Expr jj) {
+                    Expr j = b.let(j0 + jj, "j");
+                    p.over_queries(saturated, klo, rows, i0, j, [&](Expr g, Expr u) {
+                        Expr sc = p.masked(
+                            p.score(b.load(S, jj * J + g), g, jj, u, ZQ, qlo, -1, klo, i0 + g, j),
+                            i0 + g, j);
+                        Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
+                        Expr gs =
+                            b.let(pr * (b.load(dP, jj * J + g) - b.load(Dg, g)) * s.scale, "gs");
+                        b.store(S, jj * J + g, gs);
+                        b.store(dP, jj * J + g, pr);
+                    });
+                },
+                Loop::threads);
+            if (by_row)
+                b.loop(
+                    0, rows,
+                    [&](Expr g) { p.by_offset(dZ, g * p.W - qlo, S, g, J, cols, i0 + g - j0, -1); },
+                    Loop::threads);
+            // S holds the score gradients dS now and dP the probabilities P, [key][query]:
+            // dQ += dS K, dV += P^T dO, dK += dS^T Q (the key pass's sums, in its order).
+            p.blocked_rows(
+                rows, cols, s.D, dQ, [&](Expr g, Expr x) { return g * s.D + x; },
+                [&](Expr g, Expr jj) { return b.load(S, jj * J + g); },
+                [&](Expr jj, Expr x) { return b.load(Ks, jj * s.D + x); });
+            p.blocked_rows(
+                cols, rows, s.Dv, dv, [&](Expr jj, Expr x) { return p.at(j0 + jj, x, s.Dv); },
+                [&](Expr jj, Expr g) { return b.load(dP, jj * J + g); },
+                [&](Expr g, Expr x) { return b.load(dOs, g * s.Dv + x); });
+            p.blocked_rows(
+                cols, rows, s.D, dk, [&](Expr jj, Expr x) { return p.at(j0 + jj, x, s.D); },
+                [&](Expr jj, Expr g) { return b.load(S, jj * J + g); },
+                [&](Expr g, Expr x) { return b.load(Qs, g * s.D + x); });
+        });
+        if (s.aq) p.fold_rows(dQ, rows, dZ, qlo, wq, p.eq);
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                b.loop(0, s.D,
+                       [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
+            },
+            Loop::threads);
+        if (s.aq) p.add_partial(zq_part, part * p.WP + qlo - slo, wq, dZ, rows, Qs);
+        if (s.bias)
+            b.loop(0, rows, [&](Expr g) {
+                b.loop(
+                    0, wq,
+                    [&](Expr w) {
+                        b.add_to(zb_part, part * p.WP + qlo - slo + w, b.load(dZ, g * p.W + w));
+                    },
+                    Loop::threads);
+            });
+    });
+    p.store_range(range, slo, sw);
+    return b.finish();
+}
+
 kir::Kernel relpos_project_program(const RelposShape& s) {
     Program p("relpos_project", s);
     Builder& b = p.b;
@@ -835,6 +968,7 @@ RelposFlops relpos_executed_flops(const RelposShape& s, const std::vector<std::i
     const std::int64_t J = RelposShape::J, G = J; // the strip G is J (relpos_setup)
     const double D = double(s.D), Dv = double(s.Dv);
     const bool pq = s.aq && !s.saved, pk = s.ak && !s.saved;
+    const bool one_pass = relpos_one_pass_backward(s); // the host's backward (relpos_backward)
     auto row = [&](std::int64_t d) { return std::clamp(d, -Delta, Delta) + Delta; };
     auto pad = [](std::int64_t r) { return double((r + block - 1) / block * block); };
     // products() over `rows` rows, J columns and `width` deep; a projection onto `rows` rows.
@@ -873,11 +1007,12 @@ RelposFlops relpos_executed_flops(const RelposShape& s, const std::vector<std::i
                 const std::int64_t klo = row(i0 - (j0 + cols - 1)), khi = row(i0 + rows - 1 - j0);
                 if (pk) bw += prod(khi - klo + 1, D);
                 bw += prod(cols, D) + prod(cols, Dv) + 2.0 * double(rows * cols) * D;
+                if (one_pass) bw += 2.0 * double(rows * cols) * (Dv + D); // dV, dK in place
             }
             if (s.aq) bw += 2 * 2.0 * double(rows * wq) * D; // fold_rows, add_partial
         }
         // Key pass: per strip of keys, per query tile; then the strip's relation folds.
-        for (std::int64_t j0 = 0; j0 < n; j0 += G) {
+        for (std::int64_t j0 = 0; j0 < n && !one_pass; j0 += G) {
             const std::int64_t cols = std::min(G, n - j0);
             const std::int64_t klo = row(s.causal ? 0 : -(j0 + cols - 1));
             const std::int64_t wk = row(n - 1 - j0) - klo + 1;

@@ -66,6 +66,18 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s);
 // Key pass, likewise per sample and head: buffers q, k, v, eq, ek, eb, samples, dO, lse,
 // delta, dk, dv, zk_part (dZK^T K), range.
 kir::Kernel relpos_key_grad_program(const RelposShape& s);
+// The backward in one pass, for the CPU: one instance per sample and head, looping over the
+// sample's query strips and, per strip, its key tiles, with five tile products per pair
+// (S = Q K^T and dP = dO V^T once, then dQ += dS K, dV += P^T dO, dK += dS^T Q) where the two
+// passes above take seven and project the query-side relation rows twice. dK and dV accumulate
+// in place in their outputs, strip by strip, in the key pass's order. Buffers q, k, v, eq, ek,
+// eb, samples, dO, out, lse, dq, dk, dv, zq_part, zb_part, range. Only for f32 shapes without
+// key-side tables (relpos_one_pass_backward): dK's relation term needs the whole row window of
+// each key, which the two passes' key strips have and a query strip does not, and in-place
+// sums in f16 or bf16 outputs would round at every strip. The GPU keeps the two passes (and
+// tensor cores) until one pass can be measured on a device.
+kir::Kernel relpos_grad_program(const RelposShape& s);
+bool relpos_one_pass_backward(const RelposShape& s);
 // Fixed-order reduction of per-sample partials into expanded-table gradients: instance
 // head * U + u sums, over samples in order, the partial rows that reach u. Buffers part,
 // range, out ([H][U][width]); parameters H, U, samples, WP, width.

@@ -447,6 +447,35 @@ TEST(RelposFused, SavedProjectionsGiveBitwiseTheRecomputedResults) {
         }
 }
 
+// On the host the backward runs in one pass for f32 shapes without key-side tables
+// (jit::relpos_one_pass_backward): five tile products per pair where the two passes take seven.
+// Its sums run in the two passes' order but are compiled as other programs, which may
+// reassociate them, so the gradients meet the f32 criterion against the two passes' rather
+// than matching their bits (each path is bitwise deterministic; see above). Shaw (aq), T5 (bias
+// only), Transformer-XL and DeBERTa (ak: two passes both ways), with and without saved
+// projections, bidirectional and causal, lengths of several strips and tiles.
+TEST(RelposFused, OnePassBackwardMeetsTheCriterionAgainstTheTwoPasses) {
+    const Dims dm;
+    const std::vector<std::int64_t> lengths = {257, 1, 130, 0, 63};
+    for (const auto& m : four_mechanisms(dm, longest(lengths)))
+        for (bool causal : {false, true})
+            for (bool saved : {false, true}) {
+                SCOPED_TRACE(case_name(m, DType::f32, causal) + (saved ? ", saved" : ""));
+                const Attrs at = Attrs(m.attrs).set("causal", causal);
+                const auto in = cast(make_inputs(m, lengths, dm), DType::f32);
+                const auto dO = tokens(dm.H, dm.Dv, lengths, DType::f32);
+                const jit::RelposOptions one{.save_projections = saved};
+                const jit::RelposOptions two{.save_projections = saved, .two_pass_backward = true};
+                auto fwd = jit::relpos_forward(in, at, one);
+                const auto want = jit::relpos_backward(in, dO, at, &fwd, two);
+                const auto got = jit::relpos_backward(in, dO, at, &fwd, one);
+                const auto names = input_names(m);
+                ASSERT_EQ(got.size(), want.size());
+                for (std::size_t x = 0; x < want.size(); ++x)
+                    EXPECT_TRUE(meets_criterion(DType::f32, got[x], want[x])) << "d" << names[x];
+            }
+}
+
 // Peak bytes the runtime's accounting saw above what was held before fn ran.
 template <class Fn> std::size_t peak_extra(Fn&& fn) {
     memory::reset_peak();
@@ -556,8 +585,11 @@ TEST(RelposFused, ProgramsCompileToCompactIr) {
     for (bool aq : {false, true})
         for (bool ak : {false, true}) {
             const jit::RelposShape s{DType::f32, 64, 64, aq, ak, aq && ak, false, 0.125};
-            for (const auto& k : {jit::relpos_forward_program(s), jit::relpos_query_grad_program(s),
-                                  jit::relpos_key_grad_program(s)}) {
+            std::vector<kir::Kernel> programs = {jit::relpos_forward_program(s),
+                                                 jit::relpos_query_grad_program(s),
+                                                 jit::relpos_key_grad_program(s)};
+            if (jit::relpos_one_pass_backward(s)) programs.push_back(jit::relpos_grad_program(s));
+            for (const auto& k : programs) {
                 const auto compiled = jit::compile_kernel_cpu(k);
                 const std::size_t bytes = compiled->llvm_ir().size();
                 EXPECT_LT(bytes, 400'000u) << k.name << " aq " << aq << " ak " << ak;
@@ -568,13 +600,18 @@ TEST(RelposFused, ProgramsCompileToCompactIr) {
 }
 
 // The executed FLOP count (bench/relpos) follows the tile schedule: one strip and one key tile
-// of n = 64 tokens, no relation terms: S and P V forward; S, dP, dQ, then S, dP, dV, dK.
+// of n = 64 tokens, no relation terms: S and P V forward; the one-pass backward's S, dP, dQ,
+// dV, dK (f32), or the two passes' S, dP, dQ, then S, dP, dV, dK (bf16).
 TEST(RelposFused, ExecutedFlopsFollowTheTileSchedule) {
     const jit::RelposShape s{DType::f32, 16, 24, false, false, false, false, 0.25};
     const auto f = jit::relpos_executed_flops(s, {64}, 2, 8);
     const double J = 64, D = 16, Dv = 24, H = 2;
     EXPECT_EQ(f.forward, H * (2 * J * J * D + 2 * J * J * Dv));
-    EXPECT_EQ(f.backward, H * (2 * J * J * (D + Dv + D) + 2 * J * J * (D + Dv + Dv + D)));
+    EXPECT_EQ(f.backward, H * 2 * J * J * (D + Dv + D + Dv + D));
+    auto two = s;
+    two.dtype = DType::bf16;
+    EXPECT_EQ(jit::relpos_executed_flops(two, {64}, 2, 8).backward,
+              H * (2 * J * J * (D + Dv + D) + 2 * J * J * (D + Dv + Dv + D)));
     // Two samples of 64 cost twice one; a 65th token adds a strip and a tile (padded to 4 rows).
     EXPECT_EQ(jit::relpos_executed_flops(s, {64, 64}, 2, 8).forward, 2 * f.forward);
     EXPECT_GT(jit::relpos_executed_flops(s, {65}, 2, 8).forward, f.forward);
