@@ -399,6 +399,56 @@ struct Program {
             [&](Expr w, Expr r) { return b.load(dZ, r * W + w); },
             [&](Expr r, Expr x) { return b.load(src, r * s.D + x); });
     }
+    // D_i = dO_i . O_i of strip row g (FlashAttention's row term of dS), dO staged in dOs.
+    Expr row_delta(int dOs, int out, Expr i0, Expr g) {
+        int d = b.var(Type::f32, 0.0);
+        b.loop(0, s.Dv, [&](Expr x) {
+            b.set(d, b.get(d) + b.load(dOs, g * s.Dv + x) * b.load(out, at(i0 + g, x, s.Dv)));
+        });
+        return b.let(b.get(d), "d");
+    }
+    // The sample's reachable rows (from slo, sw of them) and its partials (part), zeroed: the
+    // backward's query strips add their shares of the table gradients there.
+    struct Partials {
+        Expr slo, sw, part;
+    };
+    Partials query_partials(int zq_part, int zb_part) {
+        Expr slo = b.let(row(s.causal ? Expr(0) : 1 - n), "slo");
+        Expr sw = b.let(row(n - 1) - slo + 1, "sw");
+        Expr part = b.let(tile * H + h, "part");
+        b.loop(
+            0, sw,
+            [&](Expr w) {
+                if (s.aq)
+                    b.loop(0, s.D,
+                           [&](Expr x) { b.store(zq_part, (part * WP + w) * s.D + x, 0.0); });
+                if (s.bias) b.store(zb_part, part * WP + w, 0.0);
+            },
+            Loop::threads);
+        return {slo, sw, part};
+    }
+    // The end of a query strip in the backward: dQ += dZQ aQ over the reachable rows, dQ out to
+    // dq, then the strip's share of the table gradients (at part_at in the sample's partials):
+    // dZQ^T Q, and dZQ's column sums row by row, so they vectorise over w (each still sums in
+    // row order).
+    void finish_query_strip(int dQ, int dq, Expr i0, Expr rows, int dZ, Expr qlo, Expr wq,
+                            int zq_part, int zb_part, Expr part_at, int Qs) {
+        if (s.aq) fold_rows(dQ, rows, dZ, qlo, wq, eq);
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                b.loop(0, s.D,
+                       [&](Expr x) { b.store(dq, at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
+            },
+            Loop::threads);
+        if (s.aq) add_partial(zq_part, part_at, wq, dZ, rows, Qs);
+        if (s.bias)
+            b.loop(0, rows, [&](Expr g) {
+                b.loop(
+                    0, wq, [&](Expr w) { b.add_to(zb_part, part_at + w, b.load(dZ, g * W + w)); },
+                    Loop::threads);
+            });
+    }
     // Which rows the sample's partials cover, for the reduction (written once, by head 0).
     void store_range(int range, Expr lo, Expr count) {
         b.when(h == 0, [&] {
@@ -551,18 +601,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
     p.own_strip();
     Expr n = p.n;
-    // The sample's reachable rows; its strips add their shares of the table gradients there.
-    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
-    Expr sw = b.let(p.row(n - 1) - slo + 1, "sw");
-    Expr part = b.let(p.tile * p.H + p.h, "part");
-    b.loop(
-        0, sw,
-        [&](Expr w) {
-            if (s.aq)
-                b.loop(0, s.D, [&](Expr x) { b.store(zq_part, (part * p.WP + w) * s.D + x, 0.0); });
-            if (s.bias) b.store(zb_part, part * p.WP + w, 0.0);
-        },
-        Loop::threads);
+    auto [slo, sw, part] = p.query_partials(zq_part, zb_part);
     b.loop(0, kir::ceil_div(n, p.G), [&](Expr strip) {
         Expr i0 = b.let(strip * p.G, "i0");
         Expr rows = b.let(min(p.G, n - i0), "rows");
@@ -575,13 +614,9 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
         b.loop(
             0, rows,
             [&](Expr g) {
-                int d = b.var(Type::f32, 0.0);
-                b.loop(0, s.Dv, [&](Expr x) {
-                    b.set(d, b.get(d) +
-                                 b.load(dOs, g * s.Dv + x) * b.load(out, p.at(i0 + g, x, s.Dv)));
-                });
-                b.store(Dg, g, b.get(d));
-                b.store(delta, (p.o + i0 + g) * p.H + p.h, b.get(d));
+                Expr d = p.row_delta(dOs, out, i0, g);
+                b.store(Dg, g, d);
+                b.store(delta, (p.o + i0 + g) * p.H + p.h, d);
                 b.store(Lg, g, b.load(lse, (p.o + i0 + g) * p.H + p.h));
                 b.loop(0, s.D, [&](Expr x) { b.store(dQ, g * s.D + x, 0.0); });
                 if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
@@ -623,26 +658,8 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                     [&](Expr g, Expr jj) { return b.load(S, jj * J + g); },
                     [&](Expr jj, Expr x) { return b.load(Ks, jj * s.D + x); });
         });
-        // dQ += dZQ aQ over the reachable rows, then the strip's share of the table gradients.
-        if (s.aq) p.fold_rows(dQ, rows, dZ, qlo, wq, p.eq);
-        b.loop(
-            0, rows,
-            [&](Expr g) {
-                b.loop(0, s.D,
-                       [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
-            },
-            Loop::threads);
-        if (s.aq) p.add_partial(zq_part, part * p.WP + qlo - slo, wq, dZ, rows, Qs);
-        // Column sums of dZQ row by row, so they vectorise over w (each still sums in row order).
-        if (s.bias)
-            b.loop(0, rows, [&](Expr g) {
-                b.loop(
-                    0, wq,
-                    [&](Expr w) {
-                        b.add_to(zb_part, part * p.WP + qlo - slo + w, b.load(dZ, g * p.W + w));
-                    },
-                    Loop::threads);
-            });
+        p.finish_query_strip(dQ, dq, i0, rows, dZ, qlo, wq, zq_part, zb_part,
+                             part * p.WP + qlo - slo, Qs);
     });
     p.store_range(range, slo, sw);
     return b.finish();
@@ -802,17 +819,7 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
     const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
     p.own_strip();
     Expr n = p.n;
-    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
-    Expr sw = b.let(p.row(n - 1) - slo + 1, "sw");
-    Expr part = b.let(p.tile * p.H + p.h, "part");
-    b.loop(
-        0, sw,
-        [&](Expr w) {
-            if (s.aq)
-                b.loop(0, s.D, [&](Expr x) { b.store(zq_part, (part * p.WP + w) * s.D + x, 0.0); });
-            if (s.bias) b.store(zb_part, part * p.WP + w, 0.0);
-        },
-        Loop::threads);
+    auto [slo, sw, part] = p.query_partials(zq_part, zb_part);
     // dK and dV accumulate in place over the strips, in strip order.
     b.loop(
         0, n,
@@ -833,12 +840,8 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
         b.loop(
             0, rows,
             [&](Expr g) {
-                int d = b.var(Type::f32, 0.0);
-                b.loop(0, s.Dv, [&](Expr x) {
-                    b.set(d, b.get(d) +
-                                 b.load(dOs, g * s.Dv + x) * b.load(out, p.at(i0 + g, x, s.Dv)));
-                });
-                b.store(Dg, g, b.get(d));
+                Expr d = p.row_delta(dOs, out, i0, g);
+                b.store(Dg, g, d);
                 b.store(Lg, g, b.load(lse, (p.o + i0 + g) * p.H + p.h));
                 b.loop(0, s.D, [&](Expr x) { b.store(dQ, g * s.D + x, 0.0); });
                 if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
@@ -886,24 +889,8 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
                 [&](Expr jj, Expr g) { return b.load(S, jj * J + g); },
                 [&](Expr g, Expr x) { return b.load(Qs, g * s.D + x); });
         });
-        if (s.aq) p.fold_rows(dQ, rows, dZ, qlo, wq, p.eq);
-        b.loop(
-            0, rows,
-            [&](Expr g) {
-                b.loop(0, s.D,
-                       [&](Expr x) { b.store(dq, p.at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
-            },
-            Loop::threads);
-        if (s.aq) p.add_partial(zq_part, part * p.WP + qlo - slo, wq, dZ, rows, Qs);
-        if (s.bias)
-            b.loop(0, rows, [&](Expr g) {
-                b.loop(
-                    0, wq,
-                    [&](Expr w) {
-                        b.add_to(zb_part, part * p.WP + qlo - slo + w, b.load(dZ, g * p.W + w));
-                    },
-                    Loop::threads);
-            });
+        p.finish_query_strip(dQ, dq, i0, rows, dZ, qlo, wq, zq_part, zb_part,
+                             part * p.WP + qlo - slo, Qs);
     });
     p.store_range(range, slo, sw);
     return b.finish();
