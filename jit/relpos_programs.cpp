@@ -427,6 +427,39 @@ struct Program {
             Loop::threads);
         return {slo, sw, part};
     }
+    // A query strip's scratch in the backward: the [key][query] tiles S and dP, the strip's
+    // log-sum-exps Lg and row terms Dg, the projections ZQ and ZK (-1: none) and the score
+    // gradients by offset dZ (-1: not needed).
+    struct StripTiles {
+        int S, dP, Lg, Dg, ZQ, ZK, dZ;
+    };
+    // Turns a tile pair's S and dP into the score gradients dS = P (dP - D) scale, in S, and
+    // with keep_p the probabilities P, in dP; then adds dS by offset into dZ.
+    void score_grads(const StripTiles& t, Expr i0, Expr rows, Expr qlo, Expr j0, Expr cols,
+                     Expr klo, Expr saturated, bool keep_p) {
+        const auto J = RelposShape::J;
+        b.loop(
+            0, cols,
+            [&](Expr jj) {
+                Expr j = b.let(j0 + jj, "j");
+                over_queries(saturated, klo, rows, i0, j, [&](Expr g, Expr u) {
+                    Expr sc = masked(
+                        score(b.load(t.S, jj * J + g), g, jj, u, t.ZQ, qlo, t.ZK, klo, i0 + g, j),
+                        i0 + g, j);
+                    Expr pr = b.let(exp(sc - b.load(t.Lg, g)), "p");
+                    Expr gs =
+                        b.let(pr * (b.load(t.dP, jj * J + g) - b.load(t.Dg, g)) * s.scale, "gs");
+                    b.store(t.S, jj * J + g, gs);
+                    if (keep_p) b.store(t.dP, jj * J + g, pr);
+                });
+            },
+            Loop::threads);
+        if (t.dZ >= 0)
+            b.loop(
+                0, rows,
+                [&](Expr g) { by_offset(t.dZ, g * W - qlo, t.S, g, J, cols, i0 + g - j0, -1); },
+                Loop::threads);
+    }
     // The end of a query strip in the backward: dQ += dZQ aQ over the reachable rows, dQ out to
     // dq, then the strip's share of the table gradients (at part_at in the sample's partials):
     // dZQ^T Q, and dZQ's column sums row by row, so they vectorise over w (each still sums in
@@ -629,26 +662,8 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                 p.key_tile(t, i0, rows, kend, Ks, p.projects_k() ? KsT : -1, Vs, ZK);
             p.products(S, cols, Ks, QsT, s.D);
             p.products(dP, cols, Vs, dOsT, s.Dv);
-            b.loop(
-                0, cols,
-                [&](Expr jj) {
-                    Expr j = b.let(j0 + jj, "j");
-                    p.over_queries(saturated, klo, rows, i0, j, [&](Expr g, Expr u) {
-                        Expr sc = p.masked(
-                            p.score(b.load(S, jj * J + g), g, jj, u, ZQ, qlo, ZK, klo, i0 + g, j),
-                            i0 + g, j);
-                        Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
-                        Expr gs =
-                            b.let(pr * (b.load(dP, jj * J + g) - b.load(Dg, g)) * s.scale, "gs");
-                        b.store(S, jj * J + g, gs);
-                    });
-                },
-                Loop::threads);
-            if (by_row)
-                b.loop(
-                    0, rows,
-                    [&](Expr g) { p.by_offset(dZ, g * p.W - qlo, S, g, J, cols, i0 + g - j0, -1); },
-                    Loop::threads);
+            p.score_grads({S, dP, Lg, Dg, ZQ, ZK, by_row ? dZ : -1}, i0, rows, qlo, j0, cols, klo,
+                          saturated, false);
             // S holds the score gradients now, [key][query].
             if (s.tensor_cores) // dS^T rounded to the data's type, as FlashAttention does
                 p.mma_rows(rows, dQ, s.D, S, Expr(1), Expr(J), Ks);
@@ -853,27 +868,8 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
             auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, -1, Vs, -1);
             p.products(S, cols, Ks, QsT, s.D);
             p.products(dP, cols, Vs, dOsT, s.Dv);
-            b.loop(
-                0, cols,
-                [&](Expr jj) {
-                    Expr j = b.let(j0 + jj, "j");
-                    p.over_queries(saturated, klo, rows, i0, j, [&](Expr g, Expr u) {
-                        Expr sc = p.masked(
-                            p.score(b.load(S, jj * J + g), g, jj, u, ZQ, qlo, -1, klo, i0 + g, j),
-                            i0 + g, j);
-                        Expr pr = b.let(exp(sc - b.load(Lg, g)), "p");
-                        Expr gs =
-                            b.let(pr * (b.load(dP, jj * J + g) - b.load(Dg, g)) * s.scale, "gs");
-                        b.store(S, jj * J + g, gs);
-                        b.store(dP, jj * J + g, pr);
-                    });
-                },
-                Loop::threads);
-            if (by_row)
-                b.loop(
-                    0, rows,
-                    [&](Expr g) { p.by_offset(dZ, g * p.W - qlo, S, g, J, cols, i0 + g - j0, -1); },
-                    Loop::threads);
+            p.score_grads({S, dP, Lg, Dg, ZQ, -1, by_row ? dZ : -1}, i0, rows, qlo, j0, cols, klo,
+                          saturated, true);
             // S holds the score gradients dS now and dP the probabilities P, [key][query]:
             // dQ += dS K, dV += P^T dO, dK += dS^T Q (the key pass's sums, in its order).
             p.blocked_rows(
