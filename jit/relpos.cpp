@@ -45,7 +45,7 @@ std::shared_ptr<const CpuKernel> build(Pass pass, const RelposShape& s, bool emu
                                 : &compile_kernel_cpu;
     switch (pass) {
     case Pass::forward:
-        return compile(relpos_forward_program(s));
+        return compile(emulated ? relpos_forward_program(s) : relpos_host_forward_program(s));
     case Pass::query_grad:
         return compile(relpos_query_grad_program(s));
     case Pass::key_grad:

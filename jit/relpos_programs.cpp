@@ -331,15 +331,15 @@ struct Program {
     };
     // Key tile t (of J keys, up to kend) against the query strip [i0, i0 + rows): stages its
     // keys (Ks row-major and KsT transposed, each when given; KsT must be given when keys are
-    // projected) and values (Vs row-major), projects the keys onto the rows the pair reaches
-    // (from klo), and says whether every pair saturates (then they all read row klo).
+    // projected) and values (Vs row-major, when given), projects the keys onto the rows the pair
+    // reaches (from klo), and says whether every pair saturates (then they all read row klo).
     KeyTile key_tile(Expr t, Expr i0, Expr rows, Expr kend, int Ks, int KsT, int Vs, int ZK) {
         const auto J = RelposShape::J;
         Expr j0 = b.let(t * J, "j0");
         Expr cols = b.let(min(Expr(J), kend - j0), "cols");
         if (Ks >= 0) stage(Ks, k, j0, cols, s.D);
         if (KsT >= 0) stage_t(KsT, k, j0, cols, s.D);
-        stage(Vs, v, j0, cols, s.Dv);
+        if (Vs >= 0) stage(Vs, v, j0, cols, s.Dv);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
         if (projects_k()) project(ZK, KsT, ek, klo, row(dmax) - klo + 1, false);
@@ -602,6 +602,109 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                 b.store(out, p.at(i0 + g, x, s.Dv), b.load(A, g * s.Dv + x) * inv);
             });
             b.store(lse, (p.o + i0 + g) * p.H + p.h, b.load(M, g) + log(b.load(L, g)));
+        },
+        Loop::threads);
+    return b.finish();
+}
+
+kir::Kernel relpos_host_forward_program(const RelposShape& s) {
+    Program p("relpos_forward", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    const kir::Elem e = elem_of(s.dtype);
+    const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
+    p.saved_buffers();
+    const int QsT = b.scratch("QsT", Expr(J * s.D));
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
+    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
+    // ST[c * J + r]: the score, then the probability, of key c of the tile for query r.
+    const int ST = b.scratch("ST", Expr(J * J));
+    // Per query of the strip: the running maximum and sum, the tile's maximum, the shift of
+    // its exponentials and the factor that rescales what came before.
+    const int M = b.scratch("M", Expr(J)), L = b.scratch("L", Expr(J)), T = b.scratch("T", Expr(J)),
+              Shift = b.scratch("Shift", Expr(J)), Corr = b.scratch("Corr", Expr(J));
+    const int A = b.scratch("A", p.G * s.Dv);
+    p.own_strip();
+    Expr i0 = p.start, n = p.n;
+    Expr rows = b.let(min(p.G, n - i0), "rows");
+    // Queries past the strip are zero in QsT: their columns of ST stay finite and unused.
+    p.stage_t(QsT, p.q, i0, rows, s.D);
+    b.loop(0, Expr(J), [&](Expr r) {
+        b.store(M, r, minus_inf);
+        b.store(L, r, 0.0);
+    });
+    b.loop(
+        0, rows, [&](Expr r) { b.loop(0, s.Dv, [&](Expr x) { b.store(A, r * s.Dv + x, 0.0); }); },
+        Loop::threads);
+    Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
+    Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
+    if (p.projects_q()) p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
+    Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
+    b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
+        auto [j0, cols, klo, saturated] =
+            p.key_tile(t, i0, rows, kend, -1, p.projects_k() ? KsT : -1, -1, ZK);
+        // S^T = K Q^T, the keys read in place.
+        p.products(
+            ST, cols, [&](Expr c, Expr x) { return b.load(p.k, p.at(j0 + c, x, s.D)); }, QsT, s.D);
+        b.loop(
+            0, cols,
+            [&](Expr c) {
+                Expr j = b.let(j0 + c, "j");
+                p.over_queries(saturated, klo, rows, i0, j, [&](Expr r, Expr u) {
+                    Expr i = i0 + r;
+                    Expr sc = p.score(b.load(ST, c * J + r), r, c, u, ZQ, qlo, ZK, klo, i, j);
+                    b.store(ST, c * J + r, p.masked(sc, i, j));
+                });
+            },
+            Loop::threads);
+        // Online softmax across the strip's queries (vectorised over them, no horizontal
+        // reductions). A query whose scores are all masked so far keeps M = -inf and adds
+        // exp(-inf) = 0.
+        b.loop(0, Expr(J), [&](Expr r) { b.store(T, r, minus_inf); });
+        b.loop(0, cols, [&](Expr c) {
+            b.loop(0, Expr(J),
+                   [&](Expr r) { b.store(T, r, max(b.load(T, r), b.load(ST, c * J + r))); });
+        });
+        b.loop(0, Expr(J), [&](Expr r) {
+            Expr m_old = b.let(b.load(M, r), "m_old");
+            Expr m_new = b.let(max(m_old, b.load(T, r)), "m_new");
+            Expr live = b.let(m_new > Expr(minus_inf), "live");
+            Expr corr = b.let(select(live, exp(m_old - m_new), Expr(1.0)), "corr");
+            b.store(M, r, m_new);
+            b.store(Shift, r, select(live, m_new, Expr(0.0)));
+            b.store(Corr, r, corr);
+            b.store(L, r, b.load(L, r) * corr);
+        });
+        b.loop(
+            0, rows,
+            [&](Expr r) {
+                Expr corr = b.let(b.load(Corr, r), "corr");
+                b.loop(0, s.Dv,
+                       [&](Expr x) { b.store(A, r * s.Dv + x, b.load(A, r * s.Dv + x) * corr); });
+            },
+            Loop::threads);
+        b.loop(0, cols, [&](Expr c) {
+            b.loop(0, Expr(J), [&](Expr r) {
+                Expr pr = b.let(exp(b.load(ST, c * J + r) - b.load(Shift, r)), "p");
+                b.store(ST, c * J + r, pr);
+                b.store(L, r, b.load(L, r) + pr);
+            });
+        });
+        // A += P V, the values read in place.
+        p.blocked_rows(
+            rows, cols, s.Dv, A, [&](Expr r, Expr x) { return r * s.Dv + x; },
+            [&](Expr r, Expr c) { return b.load(ST, c * J + r); },
+            [&](Expr c, Expr x) { return b.load(p.v, p.at(j0 + c, x, s.Dv)); });
+    });
+    b.loop(
+        0, rows,
+        [&](Expr r) {
+            Expr inv = b.let(Expr(1.0) / b.load(L, r));
+            b.loop(0, s.Dv, [&](Expr x) {
+                b.store(out, p.at(i0 + r, x, s.Dv), b.load(A, r * s.Dv + x) * inv);
+            });
+            b.store(lse, (p.o + i0 + r) * p.H + p.h, b.load(M, r) + log(b.load(L, r)));
         },
         Loop::threads);
     return b.finish();

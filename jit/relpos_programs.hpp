@@ -57,6 +57,11 @@ kir::Kernel relpos_project_program(const RelposShape& s);
 
 // Forward: buffers q, k, v, eq, ek, eb, tiles, out, lse; writes O and the row log-sum-exp.
 kir::Kernel relpos_forward_program(const RelposShape& s);
+// The same forward for the CPU: score tiles key-major (S^T = K Q^T), so the strip's queries
+// are staged transposed once per strip and key and value tiles are read in place (the GPU's
+// program stages, and transposes, every key tile for every strip); the online softmax runs
+// across the strip's queries, vectorised without horizontal reductions. Same buffers.
+kir::Kernel relpos_host_forward_program(const RelposShape& s);
 // Query pass of the backward, one instance per sample and head, looping over the sample's
 // strips: buffers q, k, v, eq, ek, eb, samples (tile entries with start 0), dO, out, lse, dq,
 // delta (D_i = dO_i . O_i, written for the key pass), zq_part (per sample and head: dZQ^T Q

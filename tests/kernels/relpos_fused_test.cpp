@@ -585,9 +585,9 @@ TEST(RelposFused, ProgramsCompileToCompactIr) {
     for (bool aq : {false, true})
         for (bool ak : {false, true}) {
             const jit::RelposShape s{DType::f32, 64, 64, aq, ak, aq && ak, false, 0.125};
-            std::vector<kir::Kernel> programs = {jit::relpos_forward_program(s),
-                                                 jit::relpos_query_grad_program(s),
-                                                 jit::relpos_key_grad_program(s)};
+            std::vector<kir::Kernel> programs = {
+                jit::relpos_forward_program(s), jit::relpos_host_forward_program(s),
+                jit::relpos_query_grad_program(s), jit::relpos_key_grad_program(s)};
             if (jit::relpos_one_pass_backward(s)) programs.push_back(jit::relpos_grad_program(s));
             for (const auto& k : programs) {
                 const auto compiled = jit::compile_kernel_cpu(k);
