@@ -10,6 +10,7 @@
 #include "jit/kir_emulator.hpp"
 #include "jit/relpos_programs.hpp"
 #include "jit/relpos_setup.hpp"
+#include "jit/uninitialized.hpp"
 #include "runtime/error.hpp"
 
 #include <future>
@@ -154,7 +155,7 @@ Buffer saved_buffer(const Setup& s, bool present) {
 
 RelposForward run_forward(std::span<const RaggedTensor> in, Setup& s) {
     RelposForward f;
-    f.out = RaggedTensor::zeros(in[0].dtype(), in[2].structure_ptr());
+    f.out = uninitialized(in[0].dtype(), in[2].structure_ptr()); // every row is written
     f.lse = Buffer::allocate(std::size_t(std::max<std::int64_t>(s.tokens * s.H, 1)) * 4);
     if (s.tiles.empty()) return f;
     if (s.shape.saved) {
@@ -215,9 +216,10 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
     // The backward reads the forward's saved projections when it has them.
     choose(*s, fwd->saved);
     const RelposShape& sh = s->shape;
+    // The passes write every row of dQ, dK and dV.
     std::vector<RaggedTensor> g;
     for (int t = 0; t < 3; ++t)
-        g.push_back(RaggedTensor::zeros(in[0].dtype(), in[std::size_t(t)].structure_ptr()));
+        g.push_back(uninitialized(in[0].dtype(), in[std::size_t(t)].structure_ptr()));
     if (!s->tiles.empty()) {
         // One instance per sample and head in the backward passes: their table partials are
         // one per sample (not per strip), so they stay O(tokens) for every map.
