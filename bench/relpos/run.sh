@@ -7,7 +7,7 @@
 # Environment: RAG_BUILD (default build), BENCH_PYTHON (default: ./dev bench-python; peers are
 # skipped, and the table says so, when there is no bench venv).
 #
-# Budget (74 min on 2 cores at 1d3692b, most of it the PyTorch peers): every system runs N = 128 ... 8192 at B * N = 16K tokens until
+# Budget (74-77 min on 2 cores at 1d3692b and bd0643a, most of it the PyTorch peers): every system runs N = 128 ... 8192 at B * N = 16K tokens until
 # its next forward + backward would pass 20 s (rag fused: 45 s; the time doubles with N at a
 # fixed token count), then its cells read "skip". The materialising op is float64 loops and runs at N = 128 only.
 set -euo pipefail
