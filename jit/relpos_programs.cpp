@@ -608,6 +608,9 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
 }
 
 kir::Kernel relpos_host_forward_program(const RelposShape& s) {
+    // Per-query scratch is J wide, a strip (G = 64, relpos_setup) at most J rows, and
+    // products() pads key rows to a multiple of `block` within the tile.
+    static_assert(RelposShape::J % block == 0);
     Program p("relpos_forward", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
@@ -628,7 +631,7 @@ kir::Kernel relpos_host_forward_program(const RelposShape& s) {
     p.own_strip();
     Expr i0 = p.start, n = p.n;
     Expr rows = b.let(min(p.G, n - i0), "rows");
-    // Queries past the strip are zero in QsT: their columns of ST stay finite and unused.
+    // Queries past the strip are zero in QsT; their columns of ST are never read into outputs.
     p.stage_t(QsT, p.q, i0, rows, s.D);
     b.loop(0, Expr(J), [&](Expr r) {
         b.store(M, r, minus_inf);
