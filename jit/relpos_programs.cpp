@@ -490,6 +490,21 @@ struct Program {
         });
     }
 
+    // The end of a forward strip: O = A / L out to `out` and the log-sum-exp M + log L to
+    // `lse`, for the strip's rows (A row-major, M and L per row).
+    void finish_forward_strip(int out, int lse, int A, int M, int L, Expr i0, Expr rows) {
+        b.loop(
+            0, rows,
+            [&](Expr r) {
+                Expr inv = b.let(Expr(1.0) / b.load(L, r));
+                b.loop(0, s.Dv, [&](Expr x) {
+                    b.store(out, at(i0 + r, x, s.Dv), b.load(A, r * s.Dv + x) * inv);
+                });
+                b.store(lse, (o + i0 + r) * H + h, b.load(M, r) + log(b.load(L, r)));
+            },
+            Loop::threads);
+    }
+
     Expr masked(Expr score, Expr i, Expr j) {
         return s.causal ? select(j > i, Expr(minus_inf), score) : score;
     }
@@ -594,16 +609,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                 [&](Expr g, Expr jj) { return b.load(S, g * J + jj); },
                 [&](Expr jj, Expr x) { return b.load(Vs, jj * s.Dv + x); });
     });
-    b.loop(
-        0, rows,
-        [&](Expr g) {
-            Expr inv = b.let(Expr(1.0) / b.load(L, g));
-            b.loop(0, s.Dv, [&](Expr x) {
-                b.store(out, p.at(i0 + g, x, s.Dv), b.load(A, g * s.Dv + x) * inv);
-            });
-            b.store(lse, (p.o + i0 + g) * p.H + p.h, b.load(M, g) + log(b.load(L, g)));
-        },
-        Loop::threads);
+    p.finish_forward_strip(out, lse, A, M, L, i0, rows);
     return b.finish();
 }
 
@@ -700,16 +706,7 @@ kir::Kernel relpos_host_forward_program(const RelposShape& s) {
             [&](Expr r, Expr c) { return b.load(ST, c * J + r); },
             [&](Expr c, Expr x) { return b.load(p.v, p.at(j0 + c, x, s.Dv)); });
     });
-    b.loop(
-        0, rows,
-        [&](Expr r) {
-            Expr inv = b.let(Expr(1.0) / b.load(L, r));
-            b.loop(0, s.Dv, [&](Expr x) {
-                b.store(out, p.at(i0 + r, x, s.Dv), b.load(A, r * s.Dv + x) * inv);
-            });
-            b.store(lse, (p.o + i0 + r) * p.H + p.h, b.load(M, r) + log(b.load(L, r)));
-        },
-        Loop::threads);
+    p.finish_forward_strip(out, lse, A, M, L, i0, rows);
     return b.finish();
 }
 
