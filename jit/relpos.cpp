@@ -22,14 +22,16 @@ namespace {
 
 constexpr const char* op_name = "relpos_attention";
 
-enum class Pass { forward, query_grad, key_grad, grad, reduce, project };
+// reduce: the aq and ak tables' reduction (D floats per row); reduce_bias: the bias's (one).
+enum class Pass { forward, query_grad, key_grad, grad, reduce, reduce_bias, project };
 
 using Compile = std::unique_ptr<CpuKernel> (*)(const kir::Kernel&);
 
 std::string key_of(Pass pass, const RelposSetup& setup) {
     const RelposShape& s = setup.shape;
     std::string key = std::string(setup.emulated ? "emulated/" : "") + std::to_string(int(pass));
-    if (pass != Pass::reduce)
+    if (pass == Pass::reduce) key += "/" + std::to_string(s.D);
+    if (pass != Pass::reduce && pass != Pass::reduce_bias)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
                std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.saved) +
@@ -54,11 +56,13 @@ std::shared_ptr<const CpuKernel> build(Pass pass, const RelposShape& s, bool emu
     case Pass::grad:
         return compile(relpos_grad_program(s));
     case Pass::reduce:
-        break;
+        return compile(relpos_table_reduce_program(s.D));
+    case Pass::reduce_bias:
+        return compile(relpos_table_reduce_program(1));
     case Pass::project:
-        return compile(relpos_project_program(s));
+        break;
     }
-    return compile(relpos_table_reduce_program());
+    return compile(relpos_project_program(s));
 }
 
 // Compiled programs by key_of, once per process: built, being built on a thread of its own,
@@ -104,7 +108,8 @@ bool one_pass(const RelposSetup& s, const RelposOptions& opt) {
 std::vector<Pass> backward_passes(const RelposSetup& s, const RelposOptions& opt) {
     std::vector<Pass> passes = {Pass::grad};
     if (!one_pass(s, opt)) passes = {Pass::query_grad, Pass::key_grad};
-    if (s.cfg.has[AQ] || s.cfg.has[AK] || s.cfg.has[BIAS]) passes.push_back(Pass::reduce);
+    if (s.cfg.has[AQ] || s.cfg.has[AK]) passes.push_back(Pass::reduce);
+    if (s.cfg.has[BIAS]) passes.push_back(Pass::reduce_bias);
     return passes;
 }
 
@@ -116,6 +121,16 @@ void prepare(const std::vector<Pass>& passes, const RelposSetup& setup) {
     std::vector<Built> built;
     for (Pass p : passes) built.push_back(start(p, setup, true));
     for (const Built& b : built) b.wait();
+}
+
+// Splits the two-pass backward's samples into parts (relpos_split_backward) as the tier it runs
+// for does (the emulated GPU as the device), or into as many as a test asks for.
+void split(RelposSetup& s, const RelposOptions& opt) {
+    const std::int64_t pieces = opt.backward_pieces ? opt.backward_pieces
+                                : s.emulated        ? kDeviceBackwardPieces
+                                                    : kHostBackwardPieces;
+    relpos_split_backward(s, pieces,
+                          s.emulated ? kDevicePartialBudget : relpos_host_partial_budget(s));
 }
 
 // f32 workspace counted by rag::memory (it is a Buffer).
@@ -175,14 +190,15 @@ RelposForward run_forward(std::span<const RaggedTensor> in, Setup& s) {
     return f;
 }
 
-// Sums per-sample partials [sample][H][WP][width] into [H][U][width], then folds expanded rows back
+// Sums per-part partials [part][H][WP][width] into [H][U][width], then folds expanded rows back
 // into the map's rows: out[(row * H + h) * width + x], as f64 for the table's dtype.
 std::vector<double> table_grad(Floats& part, std::vector<std::int64_t>& range, const Setup& s,
                                std::int64_t width) {
     Floats expanded(std::size_t(s.H * s.U * width));
     void* bufs[] = {part.data(), range.data(), expanded.data()};
-    const std::int64_t params[] = {s.H, s.U, s.nonempty(), s.WP, width};
-    kernel(Pass::reduce, s).launch(s.H * s.U, bufs, params);
+    const std::int64_t params[] = {s.H, s.U, s.part_count(), s.WP};
+    const std::int64_t blocks = (s.U + relpos_reduce_rows(width) - 1) / relpos_reduce_rows(width);
+    kernel(width == 1 ? Pass::reduce_bias : Pass::reduce, s).launch(s.H * blocks, bufs, params);
     return relpos_fold_table_grad(expanded.data(), s, width);
 }
 
@@ -221,25 +237,27 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
     for (int t = 0; t < 3; ++t)
         g.push_back(uninitialized(in[0].dtype(), in[std::size_t(t)].structure_ptr()));
     if (!s->tiles.empty()) {
-        // One instance per sample and head in the backward passes: their table partials are
-        // one per sample (not per strip), so they stay O(tokens) for every map.
-        const std::size_t parts = std::size_t(s->nonempty() * s->H * s->WP);
+        // One instance per part and head in the backward passes: whole samples, split into
+        // runs of strips where there are few (not in the one pass, which needs whole samples).
+        // The table partials are one per part, not per strip, within a budget.
         const bool one = one_pass(*s, opt);
+        if (!one) split(*s, opt);
+        const std::size_t parts = std::size_t(s->part_count() * s->H * s->WP);
         Floats delta(one ? 1 : std::size_t(s->tokens * s->H)); // D_i, from the query pass
         Floats zq(sh.aq ? parts * std::size_t(sh.D) : 1), zb(sh.bias ? parts : 1);
         Floats zk(sh.ak ? parts * std::size_t(sh.D) : 1);
-        std::vector<std::int64_t> qrange(std::size_t(2 * s->nonempty())), krange(qrange.size());
+        std::vector<std::int64_t> qrange(std::size_t(2 * s->part_count())), krange(qrange.size());
         std::vector<void*> qbufs = {
-            ptr(in[0]),          ptr(in[1]),        ptr(in[2]), table(s->eq),  table(s->ek),
-            table(s->eb),        s->samples.data(), ptr(dO),    ptr(fwd->out), fwd->lse.data.get(),
-            g[0].mutable_data(), delta.data(),      zq.data(),  zb.data(),     qrange.data()};
+            ptr(in[0]),          ptr(in[1]),      ptr(in[2]), table(s->eq),  table(s->ek),
+            table(s->eb),        s->parts.data(), ptr(dO),    ptr(fwd->out), fwd->lse.data.get(),
+            g[0].mutable_data(), delta.data(),    zq.data(),  zb.data(),     qrange.data()};
         std::vector<void*> kbufs = {
             ptr(in[0]),          ptr(in[1]),          ptr(in[2]), table(s->eq),        table(s->ek),
-            table(s->eb),        s->samples.data(),   ptr(dO),    fwd->lse.data.get(), delta.data(),
+            table(s->eb),        s->parts.data(),     ptr(dO),    fwd->lse.data.get(), delta.data(),
             g[1].mutable_data(), g[2].mutable_data(), zk.data(),  krange.data()};
         std::vector<void*> bufs = {
             ptr(in[0]),          ptr(in[1]),          ptr(in[2]),          table(s->eq),
-            table(s->ek),        table(s->eb),        s->samples.data(),   ptr(dO),
+            table(s->ek),        table(s->eb),        s->parts.data(),     ptr(dO),
             ptr(fwd->out),       fwd->lse.data.get(), g[0].mutable_data(), g[1].mutable_data(),
             g[2].mutable_data(), zq.data(),           zb.data(),           qrange.data()};
         if (sh.saved)
@@ -247,10 +265,10 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
                 b->insert(b->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
         prepare(backward_passes(*s, opt), *s);
         if (one) {
-            kernel(Pass::grad, *s).launch(s->nonempty() * s->H, bufs, s->params());
+            kernel(Pass::grad, *s).launch(s->part_count() * s->H, bufs, s->params());
         } else {
-            kernel(Pass::query_grad, *s).launch(s->nonempty() * s->H, qbufs, s->params());
-            kernel(Pass::key_grad, *s).launch(s->nonempty() * s->H, kbufs, s->params());
+            kernel(Pass::query_grad, *s).launch(s->part_count() * s->H, qbufs, s->params());
+            kernel(Pass::key_grad, *s).launch(s->part_count() * s->H, kbufs, s->params());
         }
         Floats* partial[] = {&zq, &zk, &zb};
         std::vector<std::int64_t>* ranges[] = {&qrange, &krange, &qrange};

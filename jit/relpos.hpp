@@ -41,6 +41,9 @@ struct RelposOptions {
     // For tests: the backward runs its two passes (query, then key) even where the host runs
     // it in one (relpos_one_pass_backward), to compare the two.
     bool two_pass_backward = false;
+    // For tests: the instances (parts x heads) the two-pass backward aims for when it splits
+    // samples into parts (relpos_split_backward), instead of the tier's; 1 keeps whole samples.
+    std::int64_t backward_pieces = 0;
 };
 
 struct RelposForward {

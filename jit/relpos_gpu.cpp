@@ -1,5 +1,5 @@
 // Host side of relative-position attention on the GPU: the buffers of jit/relpos.cpp, on the
-// device, and the same four launches. Table gradients: per-sample partials reduced on the
+// device, and the same launches. Table gradients: per-part partials reduced on the
 // device in a fixed order (relpos_table_reduce), downloaded, then folded into the map's rows
 // on the host (relpos_fold_table_grad), as on the CPU.
 #include "jit/relpos_gpu.hpp"
@@ -14,12 +14,14 @@ namespace {
 
 constexpr const char* op_name = "relpos_attention";
 
-enum class Pass { forward, query_grad, key_grad, reduce };
+// reduce: the aq and ak tables' reduction (D floats per row); reduce_bias: the bias's (one).
+enum class Pass { forward, query_grad, key_grad, reduce, reduce_bias };
 
 // The program of `pass` for shape s, compiled for the device once per process.
 const GpuKernel& kernel(Pass pass, const RelposShape& s) {
     std::string key = "relpos/" + std::to_string(int(pass));
-    if (pass != Pass::reduce)
+    if (pass == Pass::reduce) key += "/" + std::to_string(s.D);
+    if (pass != Pass::reduce && pass != Pass::reduce_bias)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
                std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.tensor_cores) +
@@ -33,9 +35,11 @@ const GpuKernel& kernel(Pass pass, const RelposShape& s) {
         case Pass::key_grad:
             return relpos_key_grad_program(s);
         case Pass::reduce:
+            return relpos_table_reduce_program(s.D);
+        case Pass::reduce_bias:
             break;
         }
-        return relpos_table_reduce_program();
+        return relpos_table_reduce_program(1);
     });
 }
 
@@ -68,7 +72,6 @@ RelposOnDevice::RelposOnDevice(std::span<const RaggedTensor> in, const Attrs& at
     ek_ = to_device(s_.ek);
     eb_ = to_device(s_.eb);
     tiles_ = to_device(s_.tiles);
-    samples_ = to_device(s_.samples);
 }
 
 void RelposOnDevice::set_dO(const RaggedTensor& dO) {
@@ -118,24 +121,27 @@ void RelposOnDevice::backward() {
             s.cfg.has[t] ? device_zeros(std::size_t(s.H * s.U * width[t]) * 4) : cuda::Buffer();
     backward_done_ = true;
     if (s.tiles.empty()) return;
-    // One instance per sample and head; table partials per sample, [sample][H][WP][width].
-    const std::size_t parts = std::size_t(s.nonempty() * s.H * s.WP);
+    // One instance per part and head (parts: runs of strips, enough to fill the device);
+    // table partials per part, [part][H][WP][width].
+    relpos_split_backward(s_, kDeviceBackwardPieces, kDevicePartialBudget);
+    const cuda::Buffer parts_list = to_device(s.parts);
+    const std::size_t parts = std::size_t(s.part_count() * s.H * s.WP);
     cuda::Buffer delta = device_buffer(std::size_t(s.tokens * s.H) * 4);
     cuda::Buffer zq = device_buffer(sh.aq ? parts * std::size_t(sh.D) * 4 : 4);
     cuda::Buffer zk = device_buffer(sh.ak ? parts * std::size_t(sh.D) * 4 : 4);
     cuda::Buffer zb = device_buffer(sh.bias ? parts * 4 : 4);
-    cuda::Buffer qrange = device_buffer(std::size_t(2 * s.nonempty()) * 8);
-    cuda::Buffer krange = device_buffer(std::size_t(2 * s.nonempty()) * 8);
+    cuda::Buffer qrange = device_buffer(std::size_t(2 * s.part_count()) * 8);
+    cuda::Buffer krange = device_buffer(std::size_t(2 * s.part_count()) * 8);
     const std::vector<std::int64_t> params = s.params();
-    // The sample list stands where the forward's strip list does (strips with start 0).
-    launch(kernel(Pass::query_grad, sh), s.nonempty() * s.H,
+    // The part list stands where the forward's strip list does.
+    launch(kernel(Pass::query_grad, sh), s.part_count() * s.H,
            {{"q", &q_},
             {"k", &k_},
             {"v", &v_},
             {"eq", &eq_},
             {"ek", &ek_},
             {"eb", &eb_},
-            {"tiles", &samples_},
+            {"tiles", &parts_list},
             {"dO", &dO_},
             {"out", &out_},
             {"lse", &lse_},
@@ -145,14 +151,14 @@ void RelposOnDevice::backward() {
             {"zb_part", &zb},
             {"range", &qrange}},
            params);
-    launch(kernel(Pass::key_grad, sh), s.nonempty() * s.H,
+    launch(kernel(Pass::key_grad, sh), s.part_count() * s.H,
            {{"q", &q_},
             {"k", &k_},
             {"v", &v_},
             {"eq", &eq_},
             {"ek", &ek_},
             {"eb", &eb_},
-            {"tiles", &samples_},
+            {"tiles", &parts_list},
             {"dO", &dO_},
             {"lse", &lse_},
             {"delta", &delta},
@@ -165,12 +171,14 @@ void RelposOnDevice::backward() {
     const cuda::Buffer* ranges[3] = {&qrange, &krange, &qrange};
     for (int t : {AQ, AK, BIAS}) {
         if (!s.cfg.has[t]) continue;
-        const std::int64_t rparams[] = {s.H, s.U, s.nonempty(), s.WP, width[t]};
-        launch(kernel(Pass::reduce, sh), s.H * s.U,
+        const std::int64_t rparams[] = {s.H, s.U, s.part_count(), s.WP};
+        const std::int64_t rows = relpos_reduce_rows(width[t]);
+        launch(kernel(t == BIAS ? Pass::reduce_bias : Pass::reduce, sh),
+               s.H * ((s.U + rows - 1) / rows),
                {{"part", partial[t]}, {"range", ranges[t]}, {"out", &tables_[t]}}, rparams);
     }
-    // delta, the partials and the ranges go back to the cache here; only work queued after
-    // these launches on rag's stream can reuse them.
+    // delta, the part list, the partials and the ranges go back to the cache here; only work queued
+    // after these launches on rag's stream can reuse them.
 }
 
 RaggedTensor RelposOnDevice::out() const {

@@ -34,7 +34,7 @@ class RelposOnDevice {
     std::vector<RaggedTensor> in_;
     Attrs at_;
     RelposSetup s_;
-    cuda::Buffer q_, k_, v_, eq_, ek_, eb_, tiles_, samples_, dO_;
+    cuda::Buffer q_, k_, v_, eq_, ek_, eb_, tiles_, dO_;
     cuda::Buffer out_, lse_;                // forward results
     cuda::Buffer dq_, dk_, dv_, tables_[3]; // backward results; tables_: expanded gradients
     bool has_dO_ = false, forward_done_ = false, backward_done_ = false;

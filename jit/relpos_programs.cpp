@@ -40,8 +40,8 @@ struct Program {
     const RelposShape& s;
     Expr H, Delta, U, G, W, WP, WS, WJ;
     int q, k, v, eq, ek, eb, tiles;
-    int zqs = -1, zks = -1; // saved projections (s.saved), after the program's own buffers
-    Expr tile, h, o, n, start;
+    int zqs = -1, zks = -1;         // saved projections (s.saved), after the program's own buffers
+    Expr tile, h, o, n, start, end; // end: the backward's parts only
 
     Program(const char* name, const RelposShape& shape) : b(name), s(shape) {
         H = b.param("H");
@@ -69,6 +69,22 @@ struct Program {
         o = b.let(b.load(tiles, tile * 3), "o");
         n = b.let(b.load(tiles, tile * 3 + 1), "n");
         start = b.let(b.load(tiles, tile * 3 + 2), "start");
+    }
+    // The backward's: which part (rows [start, end) of a sample, whole strips) and head.
+    void own_part() {
+        tile = b.let(b.pid() / H, "part");
+        h = b.let(b.pid() % H, "h");
+        o = b.let(b.load(tiles, tile * 4), "o");
+        n = b.let(b.load(tiles, tile * 4 + 1), "n");
+        start = b.let(b.load(tiles, tile * 4 + 2), "start");
+        end = b.let(b.load(tiles, tile * 4 + 3), "end");
+    }
+    // body(r0, count) for each strip [r0, r0 + count) of the part, in order.
+    void over_strips(const std::function<void(Expr, Expr)>& body) {
+        b.loop(0, kir::ceil_div(end - start, G), [&](Expr strip) {
+            Expr r0 = b.let(start + strip * G, "r0");
+            body(r0, b.let(min(G, end - r0), "count"));
+        });
     }
 
     // In saved shapes: the saved projections, declared after the program's own buffers.
@@ -407,14 +423,14 @@ struct Program {
         });
         return b.let(b.get(d), "d");
     }
-    // The sample's reachable rows (from slo, sw of them) and its partials (part), zeroed: the
-    // backward's query strips add their shares of the table gradients there.
+    // The rows the part's queries reach (from slo, sw of them) and its partials (part), zeroed:
+    // the backward's query strips add their shares of the table gradients there.
     struct Partials {
         Expr slo, sw, part;
     };
     Partials query_partials(int zq_part, int zb_part) {
-        Expr slo = b.let(row(s.causal ? Expr(0) : 1 - n), "slo");
-        Expr sw = b.let(row(n - 1) - slo + 1, "sw");
+        Expr slo = b.let(row(s.causal ? Expr(0) : start - n + 1), "slo");
+        Expr sw = b.let(row(end - 1) - slo + 1, "sw");
         Expr part = b.let(tile * H + h, "part");
         b.loop(
             0, sw,
@@ -482,7 +498,7 @@ struct Program {
                     Loop::threads);
             });
     }
-    // Which rows the sample's partials cover, for the reduction (written once, by head 0).
+    // Which rows the part's partials cover, for the reduction (written once, by head 0).
     void store_range(int range, Expr lo, Expr count) {
         b.when(h == 0, [&] {
             b.store(range, tile * 2, lo);
@@ -735,12 +751,10 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
-    p.own_strip();
+    p.own_part();
     Expr n = p.n;
     auto [slo, sw, part] = p.query_partials(zq_part, zb_part);
-    b.loop(0, kir::ceil_div(n, p.G), [&](Expr strip) {
-        Expr i0 = b.let(strip * p.G, "i0");
-        Expr rows = b.let(min(p.G, n - i0), "rows");
+    p.over_strips([&](Expr i0, Expr rows) {
         Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
         Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
         if (s.aq) p.stage(Qs, p.q, i0, rows, s.D);
@@ -806,10 +820,10 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int St = b.scratch("St", Expr(J * J)), dPt = b.scratch("dPt", Expr(J * J));
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.WJ) * J));
-    p.own_strip();
+    p.own_part();
     Expr n = p.n;
-    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - n), "slo");
-    Expr sw = b.let(p.row(n - 1) - slo + 1, "sw");
+    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - p.end), "slo");
+    Expr sw = b.let(p.row(n - 1 - p.start) - slo + 1, "sw");
     Expr part = b.let(p.tile * p.H + p.h, "part");
     if (s.ak)
         b.loop(
@@ -818,9 +832,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 b.loop(0, s.D, [&](Expr x) { b.store(zk_part, (part * p.WP + w) * s.D + x, 0.0); });
             },
             Loop::threads);
-    b.loop(0, kir::ceil_div(n, p.G), [&](Expr strip) {
-        Expr j0 = b.let(strip * p.G, "j0");
-        Expr cols = b.let(min(p.G, n - j0), "cols");
+    p.over_strips([&](Expr j0, Expr cols) {
         Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
         Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
         if (s.ak) p.stage(Ks, p.k, j0, cols, s.D);
@@ -935,7 +947,7 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
     const int dQ = b.scratch("dQ", p.G * s.D);
     const int Ks = p.staged("Ks", J * s.D), Vs = p.staged("Vs", J * s.Dv);
     const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
-    p.own_strip();
+    p.own_part(); // a whole sample (start 0, end n): see relpos_split_backward
     Expr n = p.n;
     auto [slo, sw, part] = p.query_partials(zq_part, zb_part);
     // dK and dV accumulate in place over the strips, in strip order.
@@ -946,9 +958,7 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
             b.loop(0, s.Dv, [&](Expr x) { b.store(dv, p.at(j, x, s.Dv), 0.0); });
         },
         Loop::threads);
-    b.loop(0, kir::ceil_div(n, p.G), [&](Expr strip) {
-        Expr i0 = b.let(strip * p.G, "i0");
-        Expr rows = b.let(min(p.G, n - i0), "rows");
+    p.over_strips([&](Expr i0, Expr rows) {
         Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
         Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
         p.stage(Qs, p.q, i0, rows, s.D);
@@ -1030,20 +1040,37 @@ kir::Kernel relpos_project_program(const RelposShape& s) {
     return b.finish();
 }
 
-kir::Kernel relpos_table_reduce_program() {
-    Builder b("relpos_table_reduce");
-    Expr H = b.param("H"), U = b.param("U"), strips = b.param("strips"), W = b.param("W"),
-         width = b.param("width");
+std::int64_t relpos_reduce_rows(std::int64_t width) {
+    return std::max<std::int64_t>(1, 128 / width);
+}
+
+kir::Kernel relpos_table_reduce_program(std::int64_t width) {
+    Builder b("relpos_table_reduce_w" + std::to_string(width));
+    Expr H = b.param("H"), U = b.param("U"), parts = b.param("parts"), WP = b.param("WP");
     const int part = b.buffer("part", kir::Elem::f32), range = b.buffer("range", kir::Elem::i64),
               out = b.buffer("out", kir::Elem::f32);
-    Expr h = b.let(b.pid() / U, "h"), u = b.let(b.pid() % U, "u");
-    Expr base = b.let((h * U + u) * width, "base");
-    b.loop(0, width, [&](Expr x) { b.store(out, base + x, 0.0); });
-    b.loop(0, strips, [&](Expr t) {
-        Expr lo = b.let(b.load(range, t * 2), "lo");
-        b.when(u >= lo && u < lo + b.load(range, t * 2 + 1), [&] {
-            Expr from = b.let(((t * H + h) * W + u - lo) * width, "from");
-            b.loop(0, width, [&](Expr x) { b.add_to(out, base + x, b.load(part, from + x)); });
+    const std::int64_t R = relpos_reduce_rows(width);
+    Expr blocks = b.let(kir::ceil_div(U, Expr(R)), "blocks");
+    Expr h = b.let(b.pid() / blocks, "h"), u0 = b.let(b.pid() % blocks * R, "u0");
+    // Element e of the instance's R rows: row u0 + e / width, column e % width (a constant
+    // width, so shifts and masks), one thread each on the GPU.
+    auto over_elements = [&](const std::function<void(Expr, Expr)>& body) {
+        b.loop(
+            0, Expr(R * width),
+            [&](Expr e) {
+                Expr u = b.let(u0 + e / Expr(width), "u");
+                b.when(u < U, [&] { body(u, e % Expr(width)); });
+            },
+            Loop::threads);
+    };
+    over_elements([&](Expr u, Expr x) { b.store(out, (h * U + u) * width + x, 0.0); });
+    b.loop(0, parts, [&](Expr t) {
+        Expr lo = b.let(b.load(range, t * 2), "lo"), count = b.let(b.load(range, t * 2 + 1));
+        over_elements([&](Expr u, Expr x) {
+            b.when(u >= lo && u < lo + count, [&] {
+                b.add_to(out, (h * U + u) * width + x,
+                         b.load(part, ((t * H + h) * WP + u - lo) * width + x));
+            });
         });
     });
     return b.finish();

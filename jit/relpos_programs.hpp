@@ -4,12 +4,13 @@
 //
 // Every map is expanded to 2 Delta + 1 per-offset rows u = clamp(i - j, -Delta, Delta) + Delta
 // (the paper's bucket expansion; identity maps have Delta = L - 1 and never saturate), so the
-// programs see one kind of map: tables eq, ek [H][U][D] and eb [H][U] in f32. A program
+// programs see one kind of map: tables eq, ek [H][U][D] and eb [H][U] in f32. A forward
 // instance owns a strip of G tokens of one sample and one head (tile list entry
-// (offset, length, start), instance = tile * H + head) and loops over the other side in tiles
-// of J. Its queries (keys) reach the contiguous rows [lo, lo + W) with W <= min(N + G - 1, U):
-// it projects only onto those (reachable-range projections), and a tile pair whose offsets all
-// lie beyond +-Delta reads one row (constant-range reuse). Nothing is N x N.
+// (offset, length, start), instance = tile * H + head), a backward instance a run of such strips
+// (a part), and each loops over the other side in tiles of J. A strip's queries (keys) reach the
+// contiguous rows [lo, lo + W) with W <= min(N + G - 1, U): it projects only onto those
+// (reachable-range projections), and a tile pair whose offsets all lie beyond +-Delta reads one row
+// (constant-range reuse). Nothing is N x N.
 #pragma once
 #include "jit/kir.hpp"
 #include "runtime/dtype.hpp"
@@ -42,8 +43,8 @@ inline bool relpos_tensor_cores(DType t) {
 }
 
 // Parameters shared by the programs, in this order: heads H, Delta, rows U = 2 Delta + 1, the
-// strip G, W, the most rows a strip reaches (scratch sizing), and WP, the most rows a sample
-// reaches (the stride of table partials), and WS = min(longest sample, U), the stride of the
+// strip G, W, the most rows a strip reaches (scratch sizing), and WP, the most rows a backward
+// part reaches (the stride of table partials), and WS = min(longest sample, U), the stride of the
 // saved per-token projections (the most rows one token reaches).
 enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_WP, P_WS, P_COUNT };
 
@@ -62,31 +63,35 @@ kir::Kernel relpos_forward_program(const RelposShape& s);
 // program stages, and transposes, every key tile for every strip); the online softmax runs
 // across the strip's queries, vectorised without horizontal reductions. Same buffers.
 kir::Kernel relpos_host_forward_program(const RelposShape& s);
-// Query pass of the backward, one instance per sample and head, looping over the sample's
-// strips: buffers q, k, v, eq, ek, eb, samples (tile entries with start 0), dO, out, lse, dq,
-// delta (D_i = dO_i . O_i, written for the key pass), zq_part (per sample and head: dZQ^T Q
-// over the sample's reachable rows, WP x D), zb_part (column sums of dZQ, WP), range (per
-// sample: first row, rows).
+// Query pass of the backward, one instance per part and head, looping over the part's strips
+// (a part: rows [first, end) of one sample, whole strips; relpos_split_backward): buffers q, k,
+// v, eq, ek, eb, parts (entries (offset, length, first, end)), dO, out, lse, dq, delta
+// (D_i = dO_i . O_i, written for the key pass), zq_part (per part and head: dZQ^T Q over the
+// part's reachable rows, WP x D), zb_part (column sums of dZQ, WP), range (per part: first
+// row, rows).
 kir::Kernel relpos_query_grad_program(const RelposShape& s);
-// Key pass, likewise per sample and head: buffers q, k, v, eq, ek, eb, samples, dO, lse,
+// Key pass, likewise per part (of keys) and head: buffers q, k, v, eq, ek, eb, parts, dO, lse,
 // delta, dk, dv, zk_part (dZK^T K), range.
 kir::Kernel relpos_key_grad_program(const RelposShape& s);
-// The backward in one pass, for the CPU: one instance per sample and head, looping over the
-// sample's query strips and, per strip, its key tiles, with five tile products per pair
-// (S = Q K^T and dP = dO V^T once, then dQ += dS K, dV += P^T dO, dK += dS^T Q) where the two
-// passes above take seven and project the query-side relation rows twice. dK and dV accumulate
-// in place in their outputs, strip by strip, in the key pass's order. Buffers q, k, v, eq, ek,
-// eb, samples, dO, out, lse, dq, dk, dv, zq_part, zb_part, range. Only for f32 shapes without
+// The backward in one pass, for the CPU: one instance per sample (a whole-sample part) and
+// head, looping over the sample's query strips and, per strip, its key tiles, with five tile
+// products per pair (S = Q K^T and dP = dO V^T once, then dQ += dS K, dV += P^T dO, dK += dS^T Q)
+// where the two passes above take seven and project the query-side relation rows twice. dK and dV
+// accumulate in place in their outputs, strip by strip, in the key pass's order. Buffers q, k, v,
+// eq, ek, eb, parts, dO, out, lse, dq, dk, dv, zq_part, zb_part, range. Only for f32 shapes without
 // key-side tables (relpos_one_pass_backward): dK's relation term needs the whole row window of
 // each key, which the two passes' key strips have and a query strip does not, and in-place
 // sums in f16 or bf16 outputs would round at every strip. The GPU keeps the two passes (and
 // tensor cores) until one pass can be measured on a device.
 kir::Kernel relpos_grad_program(const RelposShape& s);
 bool relpos_one_pass_backward(const RelposShape& s);
-// Fixed-order reduction of per-sample partials into expanded-table gradients: instance
-// head * U + u sums, over samples in order, the partial rows that reach u. Buffers part,
-// range, out ([H][U][width]); parameters H, U, samples, WP, width.
-kir::Kernel relpos_table_reduce_program();
+// Fixed-order reduction of the backward's per-part partials into expanded-table gradients of
+// `width` floats per row (D or 1, a constant of the program): instance h * ceil(U / R) + block
+// owns R = relpos_reduce_rows(width) rows of head h, one element per thread (R x width = 128
+// when width divides 128), and adds, part by part in order, the partial rows that reach them.
+// Buffers part, range, out ([H][U][width]); parameters H, U, parts, WP.
+kir::Kernel relpos_table_reduce_program(std::int64_t width);
+std::int64_t relpos_reduce_rows(std::int64_t width);
 
 // The floating-point operations the programs above execute in their tile products (2 per
 // multiply-add: scores, dP, P V, dQ, dK, dV, the strip and tile relation projections, the

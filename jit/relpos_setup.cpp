@@ -17,7 +17,56 @@ std::vector<float> expand(const RaggedTensor& t, const RelposSetup& s, std::int6
     return out;
 }
 
+// The backward's parts of `strips` strips (G tokens each) per sample, and the most rows one
+// reaches (WP): a part [first, end) of a sample of n tokens has offsets i - j spanning
+// (end - first) + n - 1 values (fewer when causal), at most U.
+struct Parts {
+    std::vector<std::int64_t> list;
+    std::int64_t WP = 1;
+};
+Parts parts_of(const RelposSetup& s, std::int64_t strips) {
+    Parts p;
+    for (std::size_t t = 0; t < s.tiles.size(); t += 3) {
+        const std::int64_t o = s.tiles[t], n = s.tiles[t + 1], first = s.tiles[t + 2];
+        if (first % (strips * s.G) != 0) continue;
+        const std::int64_t end = std::min(n, first + strips * s.G);
+        p.list.insert(p.list.end(), {o, n, first, end});
+        p.WP = std::max(p.WP, std::min(end - first + n - 1, s.U));
+    }
+    return p;
+}
+
+// Bytes of the backward's table partials: per part, head and row, D floats for each of aq and
+// ak and one for the bias.
+double partial_bytes(const RelposSetup& s, const Parts& p) {
+    const RelposShape& sh = s.shape;
+    const std::int64_t per_row = (sh.aq ? sh.D : 0) + (sh.ak ? sh.D : 0) + (sh.bias ? 1 : 0);
+    return 4.0 * double(std::int64_t(p.list.size() / 4) * s.H * p.WP * per_row);
+}
+
+void use(RelposSetup& s, Parts p) {
+    s.parts = std::move(p.list);
+    s.WP = p.WP;
+}
+
 } // namespace
+
+double relpos_host_partial_budget(const RelposSetup& s) {
+    return 4.0 * double(s.tokens * s.H * s.shape.D);
+}
+
+void relpos_split_backward(RelposSetup& s, std::int64_t pieces, double budget) {
+    std::int64_t strips = 0; // per part now: whole samples, the longest one's
+    for (std::size_t t = 0; t < s.parts.size(); t += 4)
+        strips = std::max(strips, (s.parts[t + 3] - s.parts[t + 2] + s.G - 1) / s.G);
+    budget = std::max(budget, partial_bytes(s, {s.parts, s.WP}));
+    while (strips > 1 && s.part_count() * s.H < pieces) {
+        Parts halved = parts_of(s, (strips + 1) / 2);
+        if (partial_bytes(s, halved) > budget) break;
+        strips = (strips + 1) / 2;
+        use(s, std::move(halved));
+    }
+}
 
 RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, const char* op,
                          bool with_dO) {
@@ -42,15 +91,14 @@ RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, cons
     // Strips of G tokens reach at most W expanded rows; a whole sample reaches WP.
     s.G = 64; // = RelposShape::J: strips are staged transposed in J-wide tiles
     s.W = std::min(longest + s.G - 1, s.U);
-    s.WP = std::max<std::int64_t>(std::min(2 * longest - 1, s.U), 1);
     s.WS = std::max<std::int64_t>(std::min(longest, s.U), 1); // one token's reach
     for (std::int64_t b = 0; b < q.batch(); ++b) {
         const std::int64_t n = q.structure().size(b, 0),
                            o = q.structure().offsets()[std::size_t(b)];
         for (std::int64_t start = 0; start < n; start += s.G)
             s.tiles.insert(s.tiles.end(), {o, n, start});
-        if (n > 0) s.samples.insert(s.samples.end(), {o, n, 0});
     }
+    use(s, parts_of(s, (longest + s.G - 1) / s.G)); // whole samples
     s.tokens = q.structure().rows();
     if (c.has[AQ]) s.eq = expand(in[std::size_t(c.table_at[AQ])], s, s.shape.D);
     if (c.has[AK]) s.ek = expand(in[std::size_t(c.table_at[AK])], s, s.shape.D);

@@ -22,14 +22,16 @@ struct RelposSetup {
     std::int64_t H = 0, Delta = 0, U = 0, G = 0, W = 0, WP = 0, WS = 0, tokens = 0;
     std::vector<std::int64_t> rows_of; // expanded row u -> map row
     std::vector<std::int64_t> tiles;   // (offset, length, start) per strip of G tokens
-    std::vector<std::int64_t> samples; // (offset, length, 0) per sample with tokens
+    // The backward's parts: (offset, length, first, end) per run [first, end) of whole strips of
+    // one sample; whole samples until relpos_split_backward splits them.
+    std::vector<std::int64_t> parts;
     // Head-major expansions [H][U][width] of the present tables (width D, D, 1); empty when
     // the table is absent.
     std::vector<float> eq, ek, eb;
     bool emulated = false; // the CPU tier's programs run through the GPU emulator (tests)
 
     std::int64_t strips() const { return std::int64_t(tiles.size() / 3); }
-    std::int64_t nonempty() const { return std::int64_t(samples.size() / 3); }
+    std::int64_t part_count() const { return std::int64_t(parts.size() / 4); }
     // The programs' parameters, in RelposParam order.
     std::vector<std::int64_t> params() const { return {H, Delta, U, G, W, WP, WS}; }
 };
@@ -38,6 +40,25 @@ struct RelposSetup {
 // q, k, v, the present tables, and a trailing dO when `with_dO`.
 RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, const char* op,
                          bool with_dO);
+
+// How many backward instances (parts x heads) relpos_split_backward aims for: on the host a
+// fixed number, not the thread count, so the table gradients' summation order (one partial per
+// part) is the same bits at every RAG_NUM_THREADS; on a device enough blocks to fill every
+// multiprocessor of the largest parts (132 on an H100) several times over.
+inline constexpr std::int64_t kHostBackwardPieces = 32, kDeviceBackwardPieces = 1024;
+
+// Splits the backward's parts (whole samples) into runs of whole strips, halving the strips per
+// part while there are fewer than `pieces` instances and the table partials (one WP-row partial
+// per part, head and table) stay within the larger of what whole samples take and `budget`
+// bytes; WP becomes the most rows a part reaches. dq, dk and dv are the same bits at every
+// split (each strip's rows are summed as before); the table gradients add the same terms
+// grouped by part. Only for the two-pass backward: the one-pass program accumulates dK and dV
+// in place across a sample's strips and needs whole samples.
+void relpos_split_backward(RelposSetup& s, std::int64_t pieces, double budget);
+// The budgets: on the host the size of dq in f32 (the partials never outgrow one more
+// gradient: host memory is the user's), on a device 256 MiB.
+double relpos_host_partial_budget(const RelposSetup& s);
+inline constexpr double kDevicePartialBudget = 256.0 * 1024 * 1024;
 
 // The [R, H, width] gradient of a table (as f64, in its storage order) from the gradient of
 // its expansion [H][U][width]: each map row sums its expanded rows in a fixed order.

@@ -9,6 +9,7 @@
 #include "jit/kir_cpu.hpp"
 #include "jit/relpos.hpp"
 #include "jit/relpos_programs.hpp"
+#include "jit/relpos_setup.hpp"
 #include "runtime/memory.hpp"
 #include "runtime/parallel.hpp"
 #include "runtime/relpos_map.hpp"
@@ -477,6 +478,81 @@ TEST(RelposFused, OnePassBackwardMeetsTheCriterionAgainstTheTwoPasses) {
 }
 
 // Peak bytes the runtime's accounting saw above what was held before fn ran.
+// The two-pass backward splits samples into parts of whole strips when there are few
+// (jit::relpos_split_backward): each strip's dq, dk and dv rows are summed as before, so they
+// are the whole-sample bits; the table gradients group the same terms by part and meet the
+// criterion against the reference. DeBERTa (both sides' tables) in f32 and bf16, Shaw and T5 in
+// bf16 (f32 runs them in one pass, on whole samples), bidirectional and causal, from whole
+// samples to one strip per part (the test checks that the host's budget lets them split).
+TEST(RelposFused, SplitBackwardKeepsTheGradientBitsOfWholeSamples) {
+    const Dims dm;
+    const std::vector<std::int64_t> lengths = {257, 1, 130, 0, 63};
+    const std::pair<Mechanism, DType> cases[] = {{deberta(dm), DType::f32},
+                                                 {deberta(dm), DType::bf16},
+                                                 {shaw(), DType::bf16},
+                                                 {t5(), DType::bf16}};
+    for (const auto& [m, t] : cases)
+        for (bool causal : {false, true}) {
+            SCOPED_TRACE(case_name(m, t, causal));
+            const Attrs at = Attrs(m.attrs).set("causal", causal);
+            const auto in = cast(make_inputs(m, lengths, dm), t);
+            const auto dO = tokens(dm.H, dm.Dv, lengths, t);
+            const Reference ref = reference(cast(in, DType::f64), dO.astype(DType::f64), at);
+            auto fwd = jit::relpos_forward(in, at);
+            const auto whole =
+                bytes_of(fwd, jit::relpos_backward(in, dO, at, &fwd, {.backward_pieces = 1}));
+            for (std::int64_t pieces : {10, 1000}) {
+                jit::RelposSetup s = jit::relpos_setup(in, at, "relpos_attention", false);
+                jit::relpos_split_backward(s, pieces, jit::relpos_host_partial_budget(s));
+                EXPECT_GT(s.part_count(), 4) << "the samples split, " << pieces << " pieces";
+                const auto grads =
+                    jit::relpos_backward(in, dO, at, &fwd, {.backward_pieces = pieces});
+                const auto split = bytes_of(fwd, grads);
+                for (std::size_t x = 2; x < 5; ++x)
+                    EXPECT_TRUE(split[x] == whole[x])
+                        << "d" << input_names(m)[x - 2] << " with " << pieces << " pieces";
+                for (std::size_t k = 3; k < in.size(); ++k)
+                    EXPECT_TRUE(meets_criterion(t, grads[k], ref.grads[k]))
+                        << "d" << input_names(m)[k] << " with " << pieces << " pieces";
+            }
+        }
+}
+
+// Parts are runs of whole strips of one sample, halved while there are fewer instances than
+// asked and the partials stay within the budget; WP is the most rows one reaches.
+TEST(RelposFused, SplitBackwardHalvesPartsWithinTheBudget) {
+    const Dims dm;
+    const std::vector<std::int64_t> lengths = {257, 1, 130, 0, 63};
+    const auto m = deberta(dm);
+    const auto in = cast(make_inputs(m, lengths, dm), DType::f32);
+    auto parts_of = [&](std::int64_t pieces, double budget) {
+        jit::RelposSetup s = jit::relpos_setup(in, m.attrs, "relpos_attention", false);
+        jit::relpos_split_backward(s, pieces, budget);
+        std::vector<std::vector<std::int64_t>> runs; // (sample length, first, end)
+        for (std::size_t t = 0; t < s.parts.size(); t += 4)
+            runs.push_back({s.parts[t + 1], s.parts[t + 2], s.parts[t + 3]});
+        return std::pair{runs, s.WP};
+    };
+    const std::int64_t U = 2 * m.map.saturation() + 1;
+    using Runs = std::vector<std::vector<std::int64_t>>;
+    // Whole samples (4 x 2 heads = 8 instances are enough), every sample's one part.
+    auto [whole, wp_whole] = parts_of(8, 1e12);
+    EXPECT_EQ(whole, (Runs{{257, 0, 257}, {1, 0, 1}, {130, 0, 130}, {63, 0, 63}}));
+    EXPECT_EQ(wp_whole, std::min<std::int64_t>(2 * 257 - 1, U));
+    // 10 instances: halved once, 5 strips -> 3 per part (5 parts x 2 heads).
+    auto [halved, wp_halved] = parts_of(10, 1e12);
+    EXPECT_EQ(halved,
+              (Runs{{257, 0, 192}, {257, 192, 257}, {1, 0, 1}, {130, 0, 130}, {63, 0, 63}}));
+    EXPECT_EQ(wp_halved, std::min<std::int64_t>(192 + 257 - 1, U));
+    // Many instances: one strip per part.
+    auto [strips, wp_strips] = parts_of(1000, 1e12);
+    EXPECT_EQ(strips.size(), 5u + 3u + 1u + 1u);
+    for (const auto& r : strips) EXPECT_EQ(r[1] % 64, 0) << "parts start at strips";
+    EXPECT_EQ(wp_strips, std::min<std::int64_t>(64 + 257 - 1, U));
+    // No budget beyond whole samples: a clipped map's partials only grow, so no split.
+    EXPECT_EQ(parts_of(1000, 0).first, whole);
+}
+
 template <class Fn> std::size_t peak_extra(Fn&& fn) {
     memory::reset_peak();
     const std::size_t before = memory::stats().current;
