@@ -31,6 +31,8 @@ COLUMNS = ["HMMA", "LDSM", "LDGSTS", "LDG", "STG", "LD", "ST", "LDS", "STS", "LD
 # bidirectional; TFLOP/s forward / backward at N = 8K.
 PAPER = {"Shaw": (279, 166), "TXL": (236, 133), "DeBERTa": (159, 101), "T5": (307, 174)}
 PROJECTIONS = {"Shaw": 1, "TXL": 2, "DeBERTa": 2, "T5": 0, "attention": 0}
+# Floats per relation row of the backward's table partials (D for aq, D for ak, 1 for the bias).
+PARTIAL_WIDTH = {"Shaw": 64, "TXL": 129, "DeBERTa": 128, "T5": 1, "attention": 0}
 N, B, H, D, J = 8192, 2, 12, 64, 64  # J: the kernels' key tile and strip
 # H200 SXM: 132 SMs at 1.98 GHz; dense fp16 tensor peak 989 TFLOP/s, HBM 4.8 TB/s; per SM 64K
 # registers, 2048 threads, 32 blocks, 228 KiB shared (1 KiB reserved per block).
@@ -128,11 +130,28 @@ def occupancy(r, arch):
     return blocks, blocks * warps / (SM["threads"] // 32)
 
 
+def backward_parts(mp):
+    """The parts (runs of whole strips) jit/relpos_setup.cpp's relpos_split_backward gives each
+    backward pass on a device at N = 8K: halved while parts x H < 1024 and the table partials
+    stay within max(whole samples', 256 MiB); every map with tables taken as unbounded (U = 2N -
+    1 rows, the paper's accounting), which makes its partials widest."""
+    U, width = 2 * N - 1, PARTIAL_WIDTH[mp]
+    def of(strips):  # parts and their bytes
+        rows = strips * J
+        parts = B * -(-N // rows)
+        return parts, 4 * parts * H * min(rows + N - 1, U) * width
+    strips = N // J
+    budget = max(of(strips)[1], 256 * 2 ** 20)
+    while strips > 1 and of(strips)[0] * H < 1024 and of(-(-strips // 2))[1] <= budget:
+        strips = -(-strips // 2)
+    return of(strips)[0]
+
+
 def relpos_model(row, key_loop, blocks_per_sm):
     """A bound on one relpos pass at N = 8K (B = 2, H = 12, d = 64) on the H200, from the
     key-loop's SASS counts (see the report's assumptions)."""
     tiles = N // J
-    grid = B * tiles * H if row["pass"] == "forward" else B * H
+    grid = B * tiles * H if row["pass"] == "forward" else backward_parts(row["map"]) * H
     iterations = B * H * tiles * tiles  # (strip, key tile) pairs, every pass
     warps = BLOCK // 32
     resident = min(grid, SMS * blocks_per_sm)
@@ -263,8 +282,10 @@ def model_section(rows):
     w("Assumptions (a bound, optimistic on purpose, so a missed gate is missed for certain):")
     w(f"- Workload as the paper's: B = {B}, N = {N}, H = {H}, d = {D}; the kernels' key tile and "
       f"strip J = {J}, so every pass runs B H (N/J)^2 = {B * H * (N // J) ** 2} (strip, key "
-      "tile) iterations; the forward launches B (N/J) H blocks, each backward pass B H "
-      "blocks (one per sample and head, jit/relpos_gpu.cpp).")
+      "tile) iterations; the forward launches B (N/J) H blocks, each backward pass parts x H "
+      "blocks (jit/relpos_setup.cpp's relpos_split_backward: runs of whole strips, halved "
+      "while there are fewer than 1024 blocks and the table partials stay within 256 MiB, "
+      "every map with tables taken as unbounded, U = 2N - 1 rows).")
     w(f"- H200: {SMS} SMs at {CLOCK / 1e9:.2f} GHz, dense fp16 tensor peak "
       f"{TENSOR_PEAK / 1e12:.0f} TFLOP/s, 128 threads (4 warps) per block; blocks per SM from "
       "ptxas's registers and shared memory; an SM issues at most one warp instruction per "
