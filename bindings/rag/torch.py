@@ -93,16 +93,17 @@ class _Call(torch.autograd.Function):
         # garbage collector ran (each call's buffers then come from fresh pages: +0.9 ms on a
         # 1 ms call).
         ctx.saved, ctx.call, ctx.out = saved, call, _skeleton(out)
-        ctx.n_inputs = len(tensors)
         call.last = out  # taken (and cleared) by the caller
         leaves = _leaves(out)
-        ctx.mark_non_differentiable(*[t for t in leaves if not t.is_floating_point()])
+        integral = [t for t in leaves if not t.is_floating_point()]
+        if integral:
+            ctx.mark_non_differentiable(*integral)
         return tuple(leaves)
 
     @staticmethod
     def backward(ctx, *grads):
         per_arg = _saved_backward(ctx.saved, ctx.out, grads)
-        return (None,) + tuple(ctx.call.torch_grads(per_arg))
+        return (None,) + tuple(ctx.call.torch_grads(per_arg, ctx.needs_input_grad[1:]))
 
 
 class _Shape:
@@ -162,26 +163,40 @@ class _Binding:
                 args.append(kind[1])
         return args
 
-    def torch_grads(self, per_arg):
-        return _torch_grads(self.kinds, per_arg)
+    def torch_grads(self, per_arg, needed):
+        return _torch_grads(self.kinds, per_arg, needed)
 
 
-def _torch_grads(kinds, per_arg):
+def _torch_grads(kinds, per_arg, needed=None):
     """rag's per-argument gradients as one entry per flat torch tensor (None where rag has
-    none)."""
+    none). `needed` (ctx.needs_input_grad), when given, says which tensors torch wants a
+    gradient for: the others get None unconverted (a batch's values seldom require grad, and
+    their gradient would cross through DLPack only to be dropped)."""
     out = []
     for kind, g in zip(kinds, per_arg):
-        if kind[0] == "ragged":
-            out.append(None if g is None else torch.from_dlpack(g))
+        if kind[0] == "other":
+            continue
+        n = len(kind[1]) if kind[0] == "params" else 1
+        wanted = [True] * n if needed is None else needed[len(out):len(out) + n]
+        if g is None or not any(wanted):
+            out.extend([None] * n)
         elif kind[0] == "params":
-            if g is None:
-                out.extend([None] * len(kind[1]))
-            else:  # one call for all fields (a lookup per field costs more than its conversion)
-                by_name = dict(zip(g.keys(), g.values()))
-                out.extend(torch.from_numpy(by_name[k]) for k in kind[1])
-        elif kind[0] == "tensor":
-            out.append(None if g is None else torch.from_numpy(np.asarray(g)))
+            out.extend(None if not w else torch.from_numpy(a)
+                       for w, a in zip(wanted, _in_order(g, kind[1])))
+        elif kind[0] == "ragged":
+            out.append(torch.from_dlpack(g))
+        else:
+            out.append(torch.from_numpy(np.asarray(g)))
     return out
+
+
+def _in_order(g, keys):
+    """The arrays of rag.Params `g` in the order of `keys`: its own order when they agree (a
+    Module's fields always do), without a lookup per field."""
+    if g.keys() == keys:
+        return g.values()
+    by_name = dict(zip(g.keys(), g.values()))
+    return [by_name[k] for k in keys]
 
 
 def _saved_backward(saved, out, grads):

@@ -298,3 +298,41 @@ def test_the_custom_op_passes_torch_library_opcheck(m):
                           test_utils=("test_schema", "test_autograd_registration",
                                       "test_faketensor"))
     rt._SAVED.clear()  # opcheck's forward-only runs leave theirs
+
+
+def test_gradients_go_only_where_torch_wants_them(m):
+    """Inputs that do not require grad (a frozen field, a batch's values) get none, and every
+    other field still gets its own: the bridge converts only the gradients torch asked for,
+    field by field, and must keep each in its place."""
+    model = rt.Module(m, "loss", params="Model", seed=7)
+    frozen = {"layers.0.b", "layers.1.w"}
+    for n, p in model.named_parameters():
+        p.requires_grad_(n not in frozen)
+    values, labels = batch(6)
+    x = rt.Ragged(values, LENGTHS)  # no grad wanted for the values
+    model(x, rt.Ragged(labels, LENGTHS, "~N")).backward()
+
+    ref_params = {n: p.detach().clone().requires_grad_(n not in frozen)
+                  for n, p in model.named_parameters()}
+    reference_loss(values, labels, ref_params).backward()
+    assert x.values.grad is None
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert p.grad is None, n
+        else:
+            torch.testing.assert_close(p.grad, ref_params[n].grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_params_dict_in_any_order_gets_each_field_its_own_gradient(m):
+    """rag.torch.function with a params dict whose keys are not in rag's order: each tensor's
+    gradient is its own field's (the bridge reorders rag's gradients by name)."""
+    f = rt.function(m, "loss")
+    init = m.init("Model", 8)
+    params = {n: torch.tensor(np.asarray(init[n])).requires_grad_()
+              for n in reversed(list(init.keys()))}
+    values, labels = batch(7)
+    f(rt.Ragged(values, LENGTHS), rt.Ragged(labels, LENGTHS, "~N"), params).backward()
+    ref = {n: p.detach().clone().requires_grad_() for n, p in params.items()}
+    reference_loss(values, labels, ref).backward()
+    for n, p in params.items():
+        torch.testing.assert_close(p.grad, ref[n].grad, rtol=1e-4, atol=1e-6)
