@@ -22,16 +22,14 @@ namespace {
 
 constexpr const char* op_name = "relpos_attention";
 
-// reduce: the aq and ak tables' reduction (D floats per row); reduce_bias: the bias's (one).
-enum class Pass { forward, query_grad, key_grad, grad, reduce, reduce_bias, project };
+enum class Pass { forward, query_grad, key_grad, grad, reduce, project };
 
 using Compile = std::unique_ptr<CpuKernel> (*)(const kir::Kernel&);
 
 std::string key_of(Pass pass, const RelposSetup& setup) {
     const RelposShape& s = setup.shape;
     std::string key = std::string(setup.emulated ? "emulated/" : "") + std::to_string(int(pass));
-    if (pass == Pass::reduce) key += "/" + std::to_string(s.D);
-    if (pass != Pass::reduce && pass != Pass::reduce_bias)
+    if (pass != Pass::reduce)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
                std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.saved) +
@@ -56,9 +54,7 @@ std::shared_ptr<const CpuKernel> build(Pass pass, const RelposShape& s, bool emu
     case Pass::grad:
         return compile(relpos_grad_program(s));
     case Pass::reduce:
-        return compile(relpos_table_reduce_program(s.D));
-    case Pass::reduce_bias:
-        return compile(relpos_table_reduce_program(1));
+        return compile(relpos_table_reduce_program());
     case Pass::project:
         break;
     }
@@ -108,8 +104,7 @@ bool one_pass(const RelposSetup& s, const RelposOptions& opt) {
 std::vector<Pass> backward_passes(const RelposSetup& s, const RelposOptions& opt) {
     std::vector<Pass> passes = {Pass::grad};
     if (!one_pass(s, opt)) passes = {Pass::query_grad, Pass::key_grad};
-    if (s.cfg.has[AQ] || s.cfg.has[AK]) passes.push_back(Pass::reduce);
-    if (s.cfg.has[BIAS]) passes.push_back(Pass::reduce_bias);
+    if (s.cfg.has[AQ] || s.cfg.has[AK] || s.cfg.has[BIAS]) passes.push_back(Pass::reduce);
     return passes;
 }
 
@@ -196,9 +191,9 @@ std::vector<double> table_grad(Floats& part, std::vector<std::int64_t>& range, c
                                std::int64_t width) {
     Floats expanded(std::size_t(s.H * s.U * width));
     void* bufs[] = {part.data(), range.data(), expanded.data()};
-    const std::int64_t params[] = {s.H, s.U, s.part_count(), s.WP};
-    const std::int64_t blocks = (s.U + relpos_reduce_rows(width) - 1) / relpos_reduce_rows(width);
-    kernel(width == 1 ? Pass::reduce_bias : Pass::reduce, s).launch(s.H * blocks, bufs, params);
+    const std::int64_t params[] = {s.H, s.U, s.part_count(), s.WP, width};
+    const std::int64_t blocks = (s.U + relpos_reduce_rows - 1) / relpos_reduce_rows;
+    kernel(Pass::reduce, s).launch(s.H * blocks, bufs, params);
     return relpos_fold_table_grad(expanded.data(), s, width);
 }
 

@@ -14,14 +14,12 @@ namespace {
 
 constexpr const char* op_name = "relpos_attention";
 
-// reduce: the aq and ak tables' reduction (D floats per row); reduce_bias: the bias's (one).
-enum class Pass { forward, query_grad, key_grad, reduce, reduce_bias };
+enum class Pass { forward, query_grad, key_grad, reduce };
 
 // The program of `pass` for shape s, compiled for the device once per process.
 const GpuKernel& kernel(Pass pass, const RelposShape& s) {
     std::string key = "relpos/" + std::to_string(int(pass));
-    if (pass == Pass::reduce) key += "/" + std::to_string(s.D);
-    if (pass != Pass::reduce && pass != Pass::reduce_bias)
+    if (pass != Pass::reduce)
         key += "/" + std::string(dtype_name(s.dtype)) + "/" + std::to_string(s.D) + "/" +
                std::to_string(s.Dv) + "/" + std::to_string(s.aq) + std::to_string(s.ak) +
                std::to_string(s.bias) + std::to_string(s.causal) + std::to_string(s.tensor_cores) +
@@ -35,11 +33,9 @@ const GpuKernel& kernel(Pass pass, const RelposShape& s) {
         case Pass::key_grad:
             return relpos_key_grad_program(s);
         case Pass::reduce:
-            return relpos_table_reduce_program(s.D);
-        case Pass::reduce_bias:
             break;
         }
-        return relpos_table_reduce_program(1);
+        return relpos_table_reduce_program();
     });
 }
 
@@ -171,10 +167,9 @@ void RelposOnDevice::backward() {
     const cuda::Buffer* ranges[3] = {&qrange, &krange, &qrange};
     for (int t : {AQ, AK, BIAS}) {
         if (!s.cfg.has[t]) continue;
-        const std::int64_t rparams[] = {s.H, s.U, s.part_count(), s.WP};
-        const std::int64_t rows = relpos_reduce_rows(width[t]);
-        launch(kernel(t == BIAS ? Pass::reduce_bias : Pass::reduce, sh),
-               s.H * ((s.U + rows - 1) / rows),
+        const std::int64_t rparams[] = {s.H, s.U, s.part_count(), s.WP, width[t]};
+        launch(kernel(Pass::reduce, sh),
+               s.H * ((s.U + relpos_reduce_rows - 1) / relpos_reduce_rows),
                {{"part", partial[t]}, {"range", ranges[t]}, {"out", &tables_[t]}}, rparams);
     }
     // delta, the part list, the partials and the ranges go back to the cache here; only work queued

@@ -1040,36 +1040,37 @@ kir::Kernel relpos_project_program(const RelposShape& s) {
     return b.finish();
 }
 
-std::int64_t relpos_reduce_rows(std::int64_t width) {
-    return std::max<std::int64_t>(1, 128 / width);
-}
-
-kir::Kernel relpos_table_reduce_program(std::int64_t width) {
-    Builder b("relpos_table_reduce_w" + std::to_string(width));
-    Expr H = b.param("H"), U = b.param("U"), parts = b.param("parts"), WP = b.param("WP");
+kir::Kernel relpos_table_reduce_program() {
+    Builder b("relpos_table_reduce");
+    Expr H = b.param("H"), U = b.param("U"), parts = b.param("parts"), WP = b.param("WP"),
+         width = b.param("width");
     const int part = b.buffer("part", kir::Elem::f32), range = b.buffer("range", kir::Elem::i64),
               out = b.buffer("out", kir::Elem::f32);
-    const std::int64_t R = relpos_reduce_rows(width);
+    const std::int64_t R = relpos_reduce_rows;
     Expr blocks = b.let(kir::ceil_div(U, Expr(R)), "blocks");
     Expr h = b.let(b.pid() / blocks, "h"), u0 = b.let(b.pid() % blocks * R, "u0");
-    // Element e of the instance's R rows: row u0 + e / width, column e % width (a constant
-    // width, so shifts and masks), one thread each on the GPU.
-    auto over_elements = [&](const std::function<void(Expr, Expr)>& body) {
+    // Row u0 + r of the instance's R, one per thread on the GPU; its width in order (so the
+    // CPU vectorises it).
+    auto over_rows = [&](const std::function<void(Expr)>& body) {
         b.loop(
-            0, Expr(R * width),
-            [&](Expr e) {
-                Expr u = b.let(u0 + e / Expr(width), "u");
-                b.when(u < U, [&] { body(u, e % Expr(width)); });
+            0, Expr(R),
+            [&](Expr r) {
+                Expr u = b.let(u0 + r, "u");
+                b.when(u < U, [&] { body(u); });
             },
             Loop::threads);
     };
-    over_elements([&](Expr u, Expr x) { b.store(out, (h * U + u) * width + x, 0.0); });
+    over_rows([&](Expr u) {
+        b.loop(0, width, [&](Expr x) { b.store(out, (h * U + u) * width + x, 0.0); });
+    });
     b.loop(0, parts, [&](Expr t) {
         Expr lo = b.let(b.load(range, t * 2), "lo"), count = b.let(b.load(range, t * 2 + 1));
-        over_elements([&](Expr u, Expr x) {
+        over_rows([&](Expr u) {
             b.when(u >= lo && u < lo + count, [&] {
-                b.add_to(out, (h * U + u) * width + x,
-                         b.load(part, ((t * H + h) * WP + u - lo) * width + x));
+                Expr from = b.let(((t * H + h) * WP + u - lo) * width, "from");
+                b.loop(0, width, [&](Expr x) {
+                    b.add_to(out, (h * U + u) * width + x, b.load(part, from + x));
+                });
             });
         });
     });

@@ -85,13 +85,12 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s);
 // tensor cores) until one pass can be measured on a device.
 kir::Kernel relpos_grad_program(const RelposShape& s);
 bool relpos_one_pass_backward(const RelposShape& s);
-// Fixed-order reduction of the backward's per-part partials into expanded-table gradients of
-// `width` floats per row (D or 1, a constant of the program): instance h * ceil(U / R) + block
-// owns R = relpos_reduce_rows(width) rows of head h, one element per thread (R x width = 128
-// when width divides 128), and adds, part by part in order, the partial rows that reach them.
-// Buffers part, range, out ([H][U][width]); parameters H, U, parts, WP.
-kir::Kernel relpos_table_reduce_program(std::int64_t width);
-std::int64_t relpos_reduce_rows(std::int64_t width);
+// Fixed-order reduction of the backward's per-part partials into expanded-table gradients:
+// instance h * ceil(U / R) + block owns R = relpos_reduce_rows rows of head h, one per thread,
+// and adds, part by part in order, the partial rows that reach them. Buffers part, range, out
+// ([H][U][width]); parameters H, U, parts, WP, width.
+inline constexpr std::int64_t relpos_reduce_rows = 128;
+kir::Kernel relpos_table_reduce_program();
 
 // The floating-point operations the programs above execute in their tile products (2 per
 // multiply-add: scores, dP, P V, dQ, dK, dV, the strip and tile relation projections, the

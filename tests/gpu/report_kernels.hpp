@@ -52,9 +52,8 @@ inline std::vector<ReportKernel> report_kernels() {
             out.push_back({"relpos_key_grad" + suffix, family, m.name, "key_grad", type(t),
                            [s] { return jit::relpos_key_grad_program(s); }});
         }
-    for (std::int64_t width : {64, 1})
-        out.push_back({"relpos_table_reduce/w" + std::to_string(width), "relpos", "", "reduce",
-                       "f32", [width] { return jit::relpos_table_reduce_program(width); }});
+    out.push_back({"relpos_table_reduce", "relpos", "", "reduce", "f32",
+                   [] { return jit::relpos_table_reduce_program(); }});
     for (DType t : types)
         for (bool partial : {false, true})
             out.push_back({std::string(partial ? "gemm_partial/" : "gemm/") + type(t), "gemm", "",
