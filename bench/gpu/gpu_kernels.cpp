@@ -4,10 +4,15 @@
 //   rag_gpu_kernels OUTDIR
 //
 // OUTDIR/manifest.tsv: one line per kernel and arch: id, family, map, pass, dtype, arch, entry
-// name, PTX file (relative to OUTDIR).
+// name, PTX file (relative to OUTDIR). OUTDIR/banks.tsv: one line per warp-wide shared-memory
+// access of each relpos and attention kernel (jit/kir_banks.hpp, the same at both archs): id,
+// array, kind, degree; evaluated at the report's N = 8K with the instance's strip or part the
+// whole sample (the parameters of an unbounded map: Delta = N - 1).
+#include "jit/kir_banks.hpp"
 #include "jit/kir_nvptx.hpp"
 #include "tests/gpu/report_kernels.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,10 +26,18 @@ int main(int argc, char** argv) {
     namespace fs = std::filesystem;
     const fs::path dir = argv[1];
     fs::create_directories(dir);
-    std::ofstream manifest(dir / "manifest.tsv");
+    std::ofstream manifest(dir / "manifest.tsv"), banks(dir / "banks.tsv");
+    // H, Delta, U, G, W, WP, WS (jit/relpos_programs.hpp's RelposParam order) at N = 8K.
+    const std::int64_t N = 8192, U = 2 * N - 1;
+    const std::int64_t params[] = {12, N - 1, U, 64, std::min(N + 63, U), U, N};
+    // The strip list (offset, length, start) or part list (offset, length, first, end).
+    auto tiles = [&](int, std::int64_t at) { return at % 2 ? N : 0; };
     try {
         for (const auto& r : rag::testing::report_kernels()) {
             const rag::kir::Kernel k = r.make();
+            if (r.family == "relpos" || r.family == "attention")
+                for (const auto& a : rag::jit::kir_bank_conflicts(k, params, tiles))
+                    banks << r.id << '\t' << a.array << '\t' << a.kind << '\t' << a.degree << '\n';
             for (const char* arch : {"sm_80", "sm_90"}) {
                 std::string file = r.id + "." + arch + ".ptx";
                 for (char& c : file)

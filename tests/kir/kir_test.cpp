@@ -1,7 +1,9 @@
 // The kernel IR (jit/kir.hpp) and its CPU lowering: builder checks, printing, and compiled
 // kernels against plain C++ on the same inputs, including narrow storage types, vectorised
-// inner loops and bitwise-identical results across thread counts.
+// inner loops and bitwise-identical results across thread counts; the bank-conflict analysis
+// of its GPU lowering (jit/kir_banks.hpp) against counts made by hand.
 #include "jit/kir.hpp"
+#include "jit/kir_banks.hpp"
 #include "jit/kir_cpu.hpp"
 #include "runtime/dtype.hpp"
 #include "runtime/error.hpp"
@@ -206,6 +208,63 @@ TEST(KernelIr, LaunchChecksItsArguments) {
     float x = 0;
     void* bufs[] = {&x};
     EXPECT_THROW(k->launch(1, bufs, {}), Error);
+}
+
+// Bank conflicts by hand: 32 lanes at word stride s hit gcd(s, 32)... distinct words per bank:
+// stride 1 or 33: 1-way, 2: 2-way, 32: 32-way, 0 (one word): a broadcast, 1-way.
+TEST(KernelIr, BankDegreeCountsDistinctWordsPerBank) {
+    auto strided = [](std::int64_t stride, std::int64_t base = 0) {
+        std::vector<std::int64_t> w;
+        for (std::int64_t l = 0; l < 32; ++l) w.push_back(base + l * stride);
+        return jit::bank_degree(w);
+    };
+    EXPECT_EQ(strided(1), 1);
+    EXPECT_EQ(strided(33), 1);
+    EXPECT_EQ(strided(2), 2);
+    EXPECT_EQ(strided(64, 5), 32);
+    EXPECT_EQ(strided(0, 7), 1);
+}
+
+// Stores and loads of a shared tile in a threads loop (lane L runs iteration lo + L) and
+// tensor-core fragments of a row-major 64-wide tile: the PTX ISA's A fragment puts lanes
+// 4 g + t at words 64 g + 2t (+1, +8): the 8 lanes of one t share a bank, 8-way; a 72-wide
+// (padded) tile spreads them, 72 g + 2t covers 32 banks once per two g... counted: 2-way.
+TEST(KernelIr, BankConflictsFollowTheLoweringsAddressing) {
+    auto kernel = [](std::int64_t width, std::int64_t stride) {
+        Builder b("banks");
+        Expr n = b.param("n");
+        const int in = b.buffer("in", kir::Elem::i64), out = b.buffer("out", kir::Elem::f32);
+        const int tile = b.shared("tile", 16 * width), rhs = b.shared("rhs", 16 * 8);
+        const int acc = b.shared("acc", 16 * 8);
+        Expr first = b.let(b.load(in, 1), "first"); // a global load the analysis is told
+        b.loop(
+            first, n,
+            [&](Expr i) {
+                b.store(tile, i * stride, b.load(out, i));
+                b.store(out, i, b.load(tile, i % 3)); // 3 words: broadcasts, 1-way
+            },
+            kir::Loop::threads);
+        b.mma({acc, 0, 8, 1}, {tile, 0, width, 1}, {rhs, 0, 8, 1}, 16, 8, 16, kir::Precision::f16);
+        return b.finish();
+    };
+    auto degrees = [](const kir::Kernel& k, const std::string& kind) {
+        const std::int64_t params[] = {1000};
+        std::vector<int> d;
+        for (const auto& a :
+             jit::kir_bank_conflicts(k, params, [](int, std::int64_t at) { return at * 10; }))
+            if (a.kind == kind) d.push_back(a.degree);
+        return d;
+    };
+    const kir::Kernel k = kernel(64, 2);
+    EXPECT_EQ(degrees(k, "store"), std::vector<int>{2});
+    EXPECT_EQ(degrees(k, "load"), std::vector<int>{1});
+    EXPECT_EQ(degrees(k, "mma A"), std::vector<int>(8, 8)); // 4 registers x 2 halves
+    // B: rows 2t (+1, +8) of column g in an 8-wide tile: words 16t + g (+8): 4 lanes of one g
+    // in banks g, g + 16: 2-way.
+    EXPECT_EQ(degrees(k, "mma B"), std::vector<int>(4, 2));
+    EXPECT_EQ(degrees(k, "mma C"), std::vector<int>(4, 2)); // 8 g + 2t: banks repeat twice
+    EXPECT_EQ(degrees(kernel(72, 1), "mma A"), std::vector<int>(8, 2));
+    EXPECT_EQ(degrees(kernel(72, 1), "store"), std::vector<int>{1});
 }
 
 } // namespace

@@ -1,0 +1,245 @@
+#include "jit/kir_banks.hpp"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+namespace rag::jit {
+namespace {
+
+using kir::Expr;
+using kir::Node;
+using kir::Op;
+using kir::Stmt;
+using Value = std::optional<std::int64_t>;
+
+constexpr int kWarp = 32, kBanks = 32;
+
+class Analysis {
+  public:
+    Analysis(const kir::Kernel& k, std::span<const std::int64_t> params, const GlobalValue& global)
+        : k_(k), params_(params), global_(global) {}
+
+    std::vector<BankAccess> run() {
+        walk(k_.body, false);
+        return out_;
+    }
+
+  private:
+    // The value of e for lane_ (nullopt: depends on something not derived).
+    Value eval(const Expr& e) {
+        const Node& n = e.node();
+        if (auto it = memo_.find(&n); it != memo_.end()) return it->second;
+        const Value v = compute(n);
+        memo_[&n] = v;
+        return v;
+    }
+    Value compute(const Node& n) {
+        auto arg = [&](std::size_t k) { return eval(n.args[k]); };
+        switch (n.op) {
+        case Op::const_int:
+            return n.i;
+        case Op::param:
+            return params_[std::size_t(n.i)];
+        case Op::program_id:
+            return 0;
+        case Op::let:
+            if (n.i == spread_) {
+                const Value lo = eval(spread_lo_);
+                return lo ? Value(*lo + lane_) : std::nullopt;
+            }
+            if (auto it = defs_.find(n.i); it != defs_.end()) return eval(it->second);
+            return std::nullopt;
+        case Op::var:
+            if (auto it = vars_.find(n.i); it != vars_.end()) return eval(it->second);
+            return std::nullopt;
+        case Op::load: {
+            if (k_.buffers[std::size_t(n.i)].space != kir::Space::global ||
+                n.type != kir::Type::i64)
+                return std::nullopt;
+            const Value at = arg(0);
+            return at ? Value(global_(int(n.i), *at)) : std::nullopt;
+        }
+        case Op::select: {
+            const Value c = arg(0);
+            return c ? (*c ? arg(1) : arg(2)) : std::nullopt;
+        }
+        case Op::neg: {
+            const Value x = arg(0);
+            return x && n.type == kir::Type::i64 ? Value(-*x) : std::nullopt;
+        }
+        default:
+            break;
+        }
+        if (n.args.size() != 2 || n.args[0].type() == kir::Type::f32) return std::nullopt;
+        const Value a = arg(0), b = arg(1);
+        if (!a || !b) return std::nullopt;
+        switch (n.op) {
+        case Op::add:
+            return *a + *b;
+        case Op::sub:
+            return *a - *b;
+        case Op::mul:
+            return *a * *b;
+        case Op::div:
+            return *b ? Value(*a / *b) : std::nullopt;
+        case Op::rem:
+            return *b ? Value(*a % *b) : std::nullopt;
+        case Op::min:
+            return std::min(*a, *b);
+        case Op::max:
+            return std::max(*a, *b);
+        case Op::lt:
+            return *a < *b;
+        case Op::le:
+            return *a <= *b;
+        case Op::gt:
+            return *a > *b;
+        case Op::ge:
+            return *a >= *b;
+        case Op::eq:
+            return *a == *b;
+        case Op::ne:
+            return *a != *b;
+        case Op::and_:
+            return *a && *b;
+        case Op::or_:
+            return *a || *b;
+        default:
+            return std::nullopt;
+        }
+    }
+
+    bool shared(int buf) const { return k_.buffers[std::size_t(buf)].space == kir::Space::shared; }
+
+    // One warp-wide access: word(lane) for lanes 0..31.
+    void record(int buf, const char* kind, const std::function<Value()>& word) {
+        std::vector<std::int64_t> words;
+        for (lane_ = 0; lane_ < kWarp; ++lane_) {
+            memo_.clear();
+            const Value w = word();
+            if (!w) break;
+            words.push_back(*w);
+        }
+        lane_ = 0;
+        memo_.clear();
+        const int degree = words.size() == kWarp ? bank_degree(words) : 0;
+        out_.push_back({k_.buffers[std::size_t(buf)].name, kind, degree});
+    }
+
+    // The shared loads in e (each distinct load once), when spread over the warp's lanes.
+    void scan(const Expr& e, bool spread, std::set<const Node*>& seen) {
+        if (!e.defined() || !seen.insert(&e.node()).second) return;
+        const Node& n = e.node();
+        for (const Expr& a : n.args) scan(a, spread, seen);
+        if (spread && n.op == Op::load && shared(int(n.i)))
+            record(int(n.i), "load", [&] { return eval(n.args[0]); });
+    }
+
+    // Element (r, c) of a matrix view as a word index, for this lane's (r, c).
+    Value element(const kir::Matrix& m, std::int64_t r, std::int64_t c) {
+        const Value o = eval(m.offset), rs = eval(m.row), cs = eval(m.col);
+        return o && rs && cs ? Value(*o + r * *rs + c * *cs) : std::nullopt;
+    }
+
+    // The lowering's fragment gathering (jit/kir_nvptx.cpp), first 16 x 8 tile and k step.
+    void mma(const kir::Mma& x) {
+        auto g = [&] { return std::int64_t(lane_ / 4); };
+        auto t2 = [&] { return std::int64_t(lane_ % 4 * 2); };
+        if (!kir::on_tensor_cores(x)) { // thread e computes C's element e (row-major)
+            auto i = [&] { return std::int64_t(lane_) / x.n; };
+            auto j = [&] { return std::int64_t(lane_) % x.n; };
+            if (shared(x.a.buf)) record(x.a.buf, "mma A", [&] { return element(x.a, i(), 0); });
+            if (shared(x.b.buf)) record(x.b.buf, "mma B", [&] { return element(x.b, 0, j()); });
+            if (shared(x.c.buf)) record(x.c.buf, "mma C", [&] { return element(x.c, i(), j()); });
+            return;
+        }
+        if (shared(x.a.buf))
+            for (int r = 0; r < 4; ++r)
+                for (int e = 0; e < 2; ++e)
+                    record(x.a.buf, "mma A", [&] {
+                        return element(x.a, g() + (r & 1) * 8, t2() + (r >> 1) * 8 + e);
+                    });
+        if (shared(x.b.buf))
+            for (int r = 0; r < 2; ++r)
+                for (int e = 0; e < 2; ++e)
+                    record(x.b.buf, "mma B", [&] { return element(x.b, t2() + 8 * r + e, g()); });
+        if (shared(x.c.buf))
+            for (int q = 0; q < 4; ++q)
+                record(x.c.buf, "mma C",
+                       [&] { return element(x.c, g() + (q >> 1) * 8, t2() + (q & 1)); });
+    }
+
+    void walk(const std::vector<Stmt>& body, bool spread) {
+        for (const Stmt& s : body) {
+            std::set<const Node*> seen;
+            switch (s.kind) {
+            case Stmt::Kind::let:
+                defs_[s.id] = s.a;
+                scan(s.a, spread, seen);
+                break;
+            case Stmt::Kind::assign:
+                vars_[s.id] = s.a;
+                scan(s.a, spread, seen);
+                break;
+            case Stmt::Kind::store:
+                scan(s.a, spread, seen);
+                scan(s.b, spread, seen);
+                if (spread && shared(int(s.id)))
+                    record(int(s.id), "store", [&] { return eval(s.a); });
+                break;
+            case Stmt::Kind::loop:
+                scan(s.a, spread, seen);
+                scan(s.b, spread, seen);
+                if (s.loop == kir::Loop::threads && !spread) { // spread over the block
+                    spread_ = s.id;
+                    spread_lo_ = s.a;
+                    walk(s.body, true);
+                    spread_ = -1;
+                } else {
+                    defs_[s.id] = s.a; // the first iteration
+                    walk(s.body, spread);
+                }
+                break;
+            case Stmt::Kind::branch:
+                scan(s.a, spread, seen);
+                walk(s.body, spread);
+                walk(s.orelse, spread);
+                break;
+            case Stmt::Kind::mma:
+                mma(*s.mma);
+                break;
+            }
+        }
+    }
+
+    const kir::Kernel& k_;
+    std::span<const std::int64_t> params_;
+    const GlobalValue& global_;
+    std::map<std::int64_t, Expr> defs_, vars_; // let (and serial loop index) and var values
+    std::int64_t spread_ = -1;                 // the distributed threads loop's index
+    Expr spread_lo_;
+    int lane_ = 0;
+    std::unordered_map<const Node*, Value> memo_;
+    std::vector<BankAccess> out_;
+};
+
+} // namespace
+
+int bank_degree(std::span<const std::int64_t> words) {
+    std::map<std::int64_t, std::set<std::int64_t>> by_bank;
+    for (std::int64_t w : words) by_bank[((w % kBanks) + kBanks) % kBanks].insert(w);
+    std::size_t most = 0;
+    for (const auto& [bank, distinct] : by_bank) most = std::max(most, distinct.size());
+    return int(most);
+}
+
+std::vector<BankAccess> kir_bank_conflicts(const kir::Kernel& k,
+                                           std::span<const std::int64_t> params,
+                                           const GlobalValue& global) {
+    return Analysis(k, params, global).run();
+}
+
+} // namespace rag::jit
