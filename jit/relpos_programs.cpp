@@ -125,15 +125,27 @@ struct Program {
 
     // Copies rows [first, first + count) of a [T, H, width] buffer into scratch dst, and with
     // tensor cores zeros rows [count, J), which a 16-row block or a J-deep product reads.
+    // With tensor cores (the GPU) the copy is spread over the tile's elements, so a warp
+    // stores 32 consecutive words (no shared-memory bank conflict; by rows it was 32-way) and
+    // loads from consecutive addresses of a row; the host keeps its loop by rows.
     void stage(int dst, int src, Expr first, Expr count, std::int64_t width) {
-        b.loop(
-            0, count,
-            [&](Expr r) {
-                b.loop(0, width, [&](Expr x) {
-                    b.store(dst, r * width + x, b.load(src, at(first + r, x, width)));
-                });
-            },
-            Loop::threads);
+        if (s.tensor_cores)
+            b.loop(
+                0, count * width,
+                [&](Expr e) {
+                    Expr r = b.let(e / Expr(width)), x = b.let(e % Expr(width));
+                    b.store(dst, e, b.load(src, at(first + r, x, width)));
+                },
+                Loop::threads);
+        else
+            b.loop(
+                0, count,
+                [&](Expr r) {
+                    b.loop(0, width, [&](Expr x) {
+                        b.store(dst, r * width + x, b.load(src, at(first + r, x, width)));
+                    });
+                },
+                Loop::threads);
         if (s.tensor_cores)
             b.loop(
                 count * width, RelposShape::J * width, [&](Expr x) { b.store(dst, x, 0.0); },
