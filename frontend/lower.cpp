@@ -753,10 +753,33 @@ int Lowerer::op(Span at, std::string_view name, std::vector<int> args, Attrs att
     }
 }
 
+namespace {
+// The first function value in v (itself, or inside a tuple or record), if any.
+const LV* find_function(const LV& v) {
+    if (v.kind == LV::Kind::function) return &v;
+    for (const auto& [_, f] : v.fields)
+        if (const LV* x = find_function(f)) return x;
+    for (const auto& e : v.elems)
+        if (const LV* x = find_function(e)) return x;
+    return nullptr;
+}
+} // namespace
+
+void Lowerer::no_function(const LV& v, Span at, const std::string& where) {
+    if (const LV* f = find_function(v)) {
+        const std::string name =
+            f->grad_wrt < 0 ? f->name
+                            : "grad(" + f->name + ", wrt=" + std::to_string(f->grad_wrt) + ")";
+        error(at, "'" + name + "' is a function, not a value: call it, " + name +
+                      "(...), or pass it to a parameter of function type (" + where + ")");
+    }
+}
+
 int Lowerer::tensor_of(const LV& v, Span at, DType like) {
     if (v.kind == LV::Kind::tensor) return v.id;
     if (v.kind == LV::Kind::number) return b_.constant(v.num, like);
     if (v.kind == LV::Kind::error) throw Abandon{};
+    no_function(v, at, "a tensor is expected here");
     error(at, "expected a tensor, got " + type_of(v).str());
 }
 
@@ -908,6 +931,7 @@ std::optional<LV> Lowerer::exec(const std::vector<ast::Stmt>& body, bool in_loop
                                    "the loop and return after it");
                 LV v = expr(*st.value);
                 if (failed) throw Abandon{};
+                no_function(v, st.value->span, "a function returns tensors and params");
                 return v;
             }
             case ast::Stmt::Kind::let:
@@ -1085,6 +1109,7 @@ LV Lowerer::expr(const ast::Expr& e) {
                 if (n == e.name) return f;
             error(e.span, base.name + " has no field '" + e.name + "'");
         }
+        no_function(base, e.operands[0]->span, "'." + e.name + "' needs a params value");
         error(e.span, "'." + e.name + "' needs a params value, got " + type_of(base).str());
     }
     case K::string:

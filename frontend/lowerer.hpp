@@ -69,6 +69,8 @@ class Lowerer {
     [[noreturn]] void error(Span s, const std::string& msg);
     int tensor(const ast::Expr& e);                  // lowers e; must be a tensor
     int tensor_of(const LV& v, Span at, DType like); // a number becomes a const of `like`
+    // Reports a function value in v (itself or inside it) where a value is needed.
+    void no_function(const LV& v, Span at, const std::string& where);
     int op(Span at, std::string_view name, std::vector<int> args, Attrs attrs = {});
     double constant(const ast::Expr& e, const char* what); // a compile-time number
     VType type_of(const LV& v) const;

@@ -179,6 +179,29 @@ TEST(Language, OutOfRangeConstantsAreDiagnosed) {
     EXPECT_NE(msg.find("reshape: the extents overflow"), std::string::npos) << msg;
 }
 
+// A function named where a value is needed (returned, in a tuple, in arithmetic, a gradient
+// transform returned) is a diagnostic at its span, not an empty result at run time; bound by
+// let and called later it is still a function.
+TEST(Language, FunctionsUsedAsValuesAreDiagnosed) {
+    const std::string defs = "fn layer(h: f32[B, ~N, 3]) -> f32[B, ~N, 3] { return h * 2.0 }\n"
+                             "fn loss(h: f32[B, ~N, 3]) -> f32[] { return sum(h) }\n";
+    const std::pair<std::string, std::string> cases[] = {
+        {"fn c(x: f32[B, ~N, 3]) -> f32[] { return layer }", "'layer' is a function, not a value"},
+        {"fn c(x: f32[B, ~N, 3]) { return (x, layer) }", "'layer' is a function, not a value"},
+        {"fn c(x: f32[B, ~N, 3]) -> f32[B, ~N, 3] { return layer + x }", "'layer' is a function"},
+        {"fn c(x: f32[B, ~N, 3]) { return grad(loss, wrt=0) }",
+         "'grad(loss, wrt=0)' is a function, not a value: call it, grad(loss, wrt=0)(...)"}};
+    for (const auto& [fn, want] : cases) {
+        const std::string msg = error_of([&] { Module::compile(defs + fn); });
+        EXPECT_NE(msg.find(want), std::string::npos) << fn << "\n" << msg;
+        EXPECT_NE(msg.find(":3:"), std::string::npos) << "at the use: " << msg;
+    }
+    auto m = Module::compile(defs + "fn c(x: f32[B, ~N, 3]) -> f32[] { let q = layer\n"
+                                    "return loss(q(x)) }");
+    const RaggedTensor x = singles(DType::f32, {2, 3}, 3);
+    EXPECT_NEAR(m->call("c", {x}).tensor.item(), 2 * m->call("loss", {x}).tensor.item(), 1e-5);
+}
+
 TEST(Language, NumberLiteralsCanBeResults) {
     auto m =
         Module::compile("fn f(x: f32[B, ~N, 3]) { return (x, 2) }\nfn g() -> f32[] { return 1.5 }");
