@@ -4,6 +4,7 @@
 #include "dsl/repl.hpp"
 #include "frontend/lower.hpp"
 #include "frontend/stdlib.hpp"
+#include "ir/ops/derived_names.hpp"
 #include "jit/blas.hpp"
 #include "jit/compile_clock.hpp"
 #include "jit/host_kernels.hpp"
@@ -47,7 +48,7 @@ const Command commands[] = {
      R"(  run FILE --fn NAME [options]  call NAME on random ragged inputs and summarise the results
       --lengths 5,17,9          the ragged lengths of the batch (default 5,17,9); every
                                 ragged axis gets these lengths (a second ragged name gets
-                                them reversed)
+                                them reversed; a derived name, ~N[1:], follows its base)
       --seed S                  seed for inputs and params (default 0)
       --steps K                 for a function returning (loss, params...) that takes those
                                 params: run K steps, feeding the params back, and print each
@@ -153,12 +154,29 @@ std::vector<std::int64_t> parse_lengths(const std::string& s) {
     return out;
 }
 
-// A random tensor of a declared schema: ragged axes take the requested lengths.
-RaggedTensor random_tensor(const Schema& s, const Options& o, std::uint64_t stream) {
+// The lengths the ragged axes of one call's random inputs take: ragged names in order of first
+// appearance across the arguments, the first the requested lengths, the second those reversed,
+// and so on; a derived name (`~N[1:]`, `~H[::4][*4]`) the length its base name gives
+// (ir/ops/derived_names.hpp), so that the arguments agree as the function's types say.
+class RaggedLengths {
+  public:
+    explicit RaggedLengths(const std::vector<std::int64_t>& lengths) : lengths_(lengths) {}
+    std::int64_t of(const std::string& name, std::size_t sample) {
+        const std::string base = derived_base(name).value_or(name);
+        const int k = order_.try_emplace(base, int(order_.size())).first->second;
+        const std::int64_t n = lengths_[k % 2 ? lengths_.size() - 1 - sample : sample];
+        return base == name ? n : derived_length(name, n);
+    }
+
+  private:
+    const std::vector<std::int64_t>& lengths_;
+    std::map<std::string, int> order_;
+};
+
+// A random tensor of a declared schema.
+RaggedTensor random_tensor(const Schema& s, const Options& o, std::uint64_t stream,
+                           RaggedLengths& ragged) {
     CounterRng rng(o.seed, "input" + std::to_string(stream));
-    std::map<std::string, int> ragged_index;
-    for (const auto& a : s.shape.axes)
-        if (a.is_ragged()) ragged_index.try_emplace(a.name, int(ragged_index.size()));
     const std::int64_t B = s.shape.batched ? std::int64_t(o.lengths.size()) : 1;
     std::vector<DenseArray> samples;
     std::uint64_t k = 0;
@@ -170,8 +188,7 @@ RaggedTensor random_tensor(const Schema& s, const Options& o, std::uint64_t stre
             else if (a.kind == AxisKind::symbolic)
                 shape.push_back(4);
             else
-                shape.push_back(ragged_index[a.name] % 2 ? o.lengths[std::size_t(B - 1 - i)]
-                                                         : o.lengths[std::size_t(i)]);
+                shape.push_back(ragged.of(a.name, std::size_t(i)));
         }
         DenseArray arr = DenseArray::zeros(s.dtype, shape);
         for (std::int64_t e = 0; e < arr.numel(); ++e) {
@@ -274,6 +291,7 @@ int cmd_run(const std::string& path, const Options& o) {
     const std::vector<std::size_t> slots = params_slots(decl->params, o);
     std::vector<Value> args;
     std::uint64_t stream = 0;
+    RaggedLengths ragged(o.lengths);
     std::size_t n_params = 0;
     const ast::FnDecl& fn = *m->program().find_fn(o.fn).first;
     std::set<std::string> unused;
@@ -292,7 +310,7 @@ int cmd_run(const std::string& path, const Options& o) {
         } else if (t.kind == frontend::VType::Kind::record) {
             args.push_back(initial_params(*m, t.record, o, n_params++));
         } else if (t.kind == frontend::VType::Kind::tensor) {
-            args.push_back(random_tensor(t.schema, o, stream++));
+            args.push_back(random_tensor(t.schema, o, stream++, ragged));
         } else {
             fail("run: cannot make a random tuple argument");
         }
@@ -380,11 +398,12 @@ int cmd_ptx(const std::string& path, const Options& o) {
     if (!decl) throw CompileError(diags.str());
     std::vector<Value> args;
     std::uint64_t stream = 0;
+    RaggedLengths ragged(o.lengths);
     for (const auto& t : decl->params) {
         if (t.kind == frontend::VType::Kind::record)
             args.push_back(m->init(t.record, o.seed));
         else if (t.kind == frontend::VType::Kind::tensor)
-            args.push_back(random_tensor(t.schema, o, stream++));
+            args.push_back(random_tensor(t.schema, o, stream++, ragged));
         else
             fail("ptx: cannot make a random tuple argument");
     }

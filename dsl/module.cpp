@@ -6,6 +6,7 @@
 #include "frontend/lower.hpp"
 #include "ir/autodiff.hpp"
 #include "ir/interpreter.hpp"
+#include "ir/ops/derived_names.hpp"
 #include "jit/compile_clock.hpp"
 #include "jit/cpu_jit.hpp"
 #include "jit/gpu_function.hpp"
@@ -253,6 +254,22 @@ std::vector<RaggedTensor> Module::run(const Compiled& c, std::string_view fn,
                          c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[it->second.first])]
                              .label,
                          " has ", ax.name, " = ", it->second.second[i]);
+        }
+    }
+    // A derived name (`N[1:]`, `H[::4][*4]`) must have the lengths its base name's give.
+    auto label = [&](std::size_t k) {
+        return c.lowered.fn.nodes[std::size_t(c.lowered.fn.inputs[k])].label;
+    };
+    for (const auto& [name, where] : seen) {
+        const auto base = derived_base(name);
+        if (!base || !seen.count(*base)) continue;
+        const auto& [bk, base_lengths] = seen.at(*base);
+        for (std::size_t i = 0; i < where.second.size(); ++i) {
+            const std::int64_t want = derived_length(name, base_lengths[i]);
+            if (where.second[i] != want)
+                fail(fn, ": ", label(where.first), ": sample ", i, " has ", name, " = ",
+                     where.second[i], " but argument ", label(bk), " has ", *base, " = ",
+                     base_lengths[i], ", so ", name, " = ", want);
         }
     }
     std::map<std::string, std::vector<std::int64_t>> lengths;

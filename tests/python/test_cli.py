@@ -107,6 +107,18 @@ def test_run_good_and_bad():
     assert rc == 2 and err == "rag: error: run needs a FILE (rag run --help)\n"
 
 
+def test_run_gives_derived_ragged_axes_their_bases_lengths(tmp_path):
+    # labels typed ~N[1:] get one fewer row than ~N per sample, and an image's labels at
+    # ~H[::2][*2] twice the strided height (H, a second name, takes the lengths reversed)
+    src = tmp_path / "derived.rag"
+    src.write_text("fn f(x: f32[B, ~N, 2], y: f32[B, ~N[1:], 2], z: f32[B, ~H[::2][*2]]) -> "
+                   "f32[] { return sum(x[:, 1:] * y) }\n")
+    rc, out, err = run("run", str(src), "--fn", "f", "--lengths", "5,2,9")
+    assert rc == 0 and not err, err
+    assert "y: f32[B, ~N[1:], 2] B=3 N[1:]=[4, 1, 8]" in out, out
+    assert "z: f32[B, ~H[::2][*2]] B=3 H[::2][*2]=[10, 2, 6]" in out, out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--steps", "x"], "--steps takes an integer from 0 to 1073741824, got 'x'"),
     (["--steps", "99999999999999999999"], "--steps takes an integer"),

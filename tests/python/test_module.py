@@ -179,6 +179,20 @@ def test_shape_mismatch_names_the_sample(small, rng):
     np.testing.assert_array_equal(small.add(a, a).to_list()[1], 2 * a.to_list()[1])
 
 
+def test_derived_ragged_names_are_checked_at_the_call():
+    # y's ~N[1:] must have one fewer row than x's ~N in every sample; the call says which
+    # argument, sample and lengths disagree (before, the result took y's lengths unchecked)
+    m = rag.compile("fn g(x: f32[B, ~N], y: f32[B, ~N[1:]]) -> f32[B, ~N[1:]] "
+                    "{ return y * 2.0 }")
+    x = rag.ragged([np.zeros(3, np.float32), np.zeros(5, np.float32)])
+    good = rag.ragged([np.ones(2, np.float32), np.ones(4, np.float32)])
+    assert m.g(x, good).lengths(1) == [2, 4]
+    bad = rag.ragged([np.ones(2, np.float32), np.ones(7, np.float32)])
+    with pytest.raises(rag.Error, match=r"y: sample 1 has N\[1:\] = 7 but argument x has "
+                                        r"N = 5, so N\[1:\] = 4"):
+        m.g(x, bad)
+
+
 def test_ragged_argument_needs_a_batch(small):
     with pytest.raises(rag.Error, match="pass rag.ragged"):
         small.apply(np.zeros((3, 4), np.float32), small.init("Lin"))
