@@ -528,6 +528,11 @@ int main(int argc, char** argv) {
     } catch (const std::bad_alloc&) {
         std::fputs("rag: error: out of memory\n", stderr);
         return 1;
+    } catch (const std::length_error&) { // as the Python module says it (bindings/rag_py.cpp)
+        std::fputs("rag: error: out of memory: a size asked for is larger than any allocation "
+                   "can be\n",
+                   stderr);
+        return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "rag: error: %s\n", e.what());
         return 1;

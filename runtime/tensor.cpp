@@ -15,8 +15,18 @@ std::int64_t DenseArray::numel() const {
 }
 
 DenseArray DenseArray::zeros(DType t, std::vector<std::int64_t> shape) {
+    // Extents come from users (a static extent of 2^63 - 1 type-checks): a product that
+    // overflows is an error naming the shape, not a wrapped size.
+    std::int64_t bytes = std::int64_t(dtype_size(t));
+    for (std::int64_t e : shape)
+        if (e < 0 || __builtin_mul_overflow(bytes, e, &bytes) || bytes > (std::int64_t(1) << 56)) {
+            std::string dims;
+            for (std::int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+            fail("out of memory: an array of shape (", dims,
+                 ") is larger than any allocation can be");
+        }
     DenseArray a{t, std::move(shape), {}};
-    a.bytes.assign(std::size_t(a.numel()) * dtype_size(t), std::byte{0});
+    a.bytes.assign(std::size_t(bytes), std::byte{0});
     return a;
 }
 

@@ -119,6 +119,14 @@ def test_run_gives_derived_ragged_axes_their_bases_lengths(tmp_path):
     assert "z: f32[B, ~H[::2][*2]] B=3 H[::2][*2]=[10, 2, 6]" in out, out
 
 
+def test_run_with_an_impossible_extent_says_so(tmp_path):
+    src = tmp_path / "big.rag"
+    src.write_text("fn b(x: f32[B, ~N, 9223372036854775807]) -> f32[] { return sum(x) }\n")
+    rc, out, err = run("run", str(src), "--fn", "b")
+    assert rc == 1 and "std::" not in err, err
+    assert "an array of shape (5, 9223372036854775807) is larger than any allocation" in err
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--steps", "x"], "--steps takes an integer from 0 to 1073741824, got 'x'"),
     (["--steps", "99999999999999999999"], "--steps takes an integer"),
