@@ -280,7 +280,7 @@ int cmd_check(const std::string& path) {
 }
 
 int cmd_run(const std::string& path, const Options& o) {
-    if (o.fn.empty()) fail("run needs --fn NAME");
+    if (o.fn.empty()) usage_fail("run needs --fn NAME");
     if (o.device == "cuda") cuda::device(); // "CUDA unavailable: why" before any work
     auto m = Module::load(path);
     m->set_tier(o.device == "cuda" ? Tier::gpu : o.tier);
@@ -381,7 +381,7 @@ int cmd_run(const std::string& path, const Options& o) {
 }
 
 int cmd_ir(const std::string& path, const Options& o) {
-    if (o.fn.empty()) fail("ir needs --fn NAME");
+    if (o.fn.empty()) usage_fail("ir needs --fn NAME");
     auto m = Module::load(path);
     std::fputs((o.plan ? m->plan(o.fn) : m->ir(o.fn)).c_str(), stdout);
     return 0;
@@ -390,7 +390,7 @@ int cmd_ir(const std::string& path, const Options& o) {
 // `rag ptx`: the kernel-IR programs a function launches are chosen from its values, so one
 // call runs on the emulated device (no GPU needed) on random inputs, as `rag run` makes them.
 int cmd_ptx(const std::string& path, const Options& o) {
-    if (o.fn.empty()) fail("ptx needs --fn NAME");
+    if (o.fn.empty()) usage_fail("ptx needs --fn NAME");
     setenv("RAG_GPU_EMULATE", "1", 1); // before anything asks runtime/cuda.hpp
     auto m = Module::load(path);
     Diagnostics diags(*m->program().units[0].src);

@@ -1262,7 +1262,7 @@ std::optional<Lowered> lower(const Program& prog, std::string_view name,
                              bool padded) {
     auto [fn, file] = prog.find_fn(name);
     if (!fn) {
-        diags.error({}, "no function named '" + std::string(name) + "'");
+        diags.error(Span::whole_file(), "no function named '" + std::string(name) + "'");
         return std::nullopt;
     }
     ir::Function f;

@@ -53,6 +53,8 @@ std::string shortened(const std::string& message) {
 } // namespace
 
 std::string SourceFile::format(const Diagnostic& d) const {
+    if (d.span.is_whole_file())
+        return path_ + (d.note ? ": note: " : ": error: ") + shortened(d.message) + "\n";
     auto [line, col] = line_col(d.span.begin);
     std::string src = line_text(line);
     auto [end_line, end_col] = line_col(d.span.end);

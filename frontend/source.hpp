@@ -11,6 +11,9 @@ namespace rag {
 struct Span {
     std::uint32_t begin = 0;
     std::uint32_t end = 0;
+    // A diagnostic about the file as a whole (no function of that name): no line, no caret.
+    static Span whole_file() { return {UINT32_MAX, UINT32_MAX}; }
+    bool is_whole_file() const { return begin == UINT32_MAX; }
 };
 
 class SourceFile;
