@@ -29,7 +29,8 @@ const char* help_text =
                          lists are ragged axes (equal lists share a name), integers static
                          axes, no list: a dense array; seed=S (default: the number of
                          earlier randn calls without seed=), dtype=f64
-  init(G, S)  or  G(S)   the params group G, initialised with seed S (default 0)
+  init(G, S)  or  G(S)   the params group G, initialised with seed S (default 0);
+                         init(Adam[G], S) its Adam state (zeros, t = 0)
 
   :type EXPR             the type of EXPR, without evaluating it
   :ir NAME               the IR of fn NAME on its declared types (or :ir EXPR)

@@ -273,6 +273,18 @@ std::vector<HelperArg> parse_helper_args(const std::string& text, std::uint32_t 
                 ((text[i] == '-' || text[i] == '+') && (text[i - 1] == 'e' || text[i - 1] == 'E'))))
             ++i;
         if (i == b) throw bad(b, "expected a number, a name or a list like [5, 17, 9]");
+        // A generic type's arguments belong to its name: init(Adam[Model], 0), Linear[4, 8].
+        if (i < text.size() && text[i] == '[' &&
+            std::isalpha(static_cast<unsigned char>(text[b]))) {
+            int depth = 0;
+            for (; i < text.size(); ++i) {
+                depth += text[i] == '[' ? 1 : text[i] == ']' ? -1 : 0;
+                if (depth == 0) break;
+            }
+            if (i == text.size())
+                throw bad(text.size(), "expected ']' to close the type's arguments");
+            ++i;
+        }
         return text.substr(b, i - b);
     };
     skip();
