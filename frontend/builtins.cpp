@@ -104,7 +104,8 @@ LV simple(Lowerer& L, const ast::Expr& call, const std::string& op,
 void relpos_map_attrs(Lowerer& L, const ast::Expr& m, Attrs& at) {
     const ast::Expr* callee = m.kind == ast::Expr::Kind::call ? m.operands[0].get() : &m;
     if (callee->kind != ast::Expr::Kind::name)
-        L.error(m.span, "map must be identity, clip(D), t5_buckets(...) or log_buckets(...)");
+        L.error(m.span, "map must be identity, clip(D), t5_buckets(...), log_buckets(...) or "
+                        "buckets(D, ...)");
     const std::string& name = callee->name;
     at.set("map", name);
     std::vector<std::string> sig;

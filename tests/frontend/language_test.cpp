@@ -202,6 +202,16 @@ TEST(Language, FunctionsUsedAsValuesAreDiagnosed) {
     EXPECT_NEAR(m->call("c", {x}).tensor.item(), 2 * m->call("loss", {x}).tensor.item(), 1e-5);
 }
 
+TEST(Language, ABadRelposMapListsEveryMap) {
+    const std::string msg = error_of([] {
+        Module::compile("fn f(q: f32[B, ~N, 2, 4], k: f32[B, ~N, 2, 4], v: f32[B, ~N, 2, 4]) -> "
+                        "f32[B, ~N, 2, 4] { return relpos_attention(q, k, v, map=3) }");
+    });
+    EXPECT_NE(msg.find("identity, clip(D), t5_buckets(...), log_buckets(...) or buckets(D, ...)"),
+              std::string::npos)
+        << msg;
+}
+
 TEST(Language, NumberLiteralsCanBeResults) {
     auto m =
         Module::compile("fn f(x: f32[B, ~N, 3]) { return (x, 2) }\nfn g() -> f32[] { return 1.5 }");
