@@ -15,11 +15,14 @@
 #include "runtime/error.hpp"
 #include "runtime/random.hpp"
 
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
@@ -236,6 +239,24 @@ Value initial_params(const Module& m, const std::string& type, const Options& o,
     return m.init(type, o.seed);
 }
 
+// Each --save path names its own file, which can be written: checked before a run, so that
+// steps are not thrown away for a typo in the path. A file that did not exist is not left
+// behind.
+void check_save_paths(const std::vector<std::string>& save) {
+    std::set<std::string> seen;
+    for (const std::string& path : save) {
+        std::error_code ec;
+        std::string key = std::filesystem::weakly_canonical(path, ec).string();
+        if (ec) key = path;
+        if (!seen.insert(key).second)
+            usage_fail("--save ", path, " is given twice: each params argument needs its own file");
+        const bool existed = std::filesystem::exists(path);
+        if (!std::ofstream(path, std::ios::app))
+            fail("--save ", path, ": cannot write there (", std::strerror(errno), ")");
+        if (!existed) std::filesystem::remove(path);
+    }
+}
+
 // The positions of the params arguments; --load and --save may not name more than there are
 // (checked on the declared types, before any checkpoint is read).
 std::vector<std::size_t> params_slots(const std::vector<frontend::VType>& params,
@@ -247,6 +268,7 @@ std::vector<std::size_t> params_slots(const std::vector<frontend::VType>& params
         if (list->size() > slots.size())
             fail(list == &o.load ? "--load" : "--save", " is given ", list->size(), " time(s) but ",
                  o.fn, " takes ", slots.size(), " params argument(s)");
+    check_save_paths(o.save);
     return slots;
 }
 

@@ -17,6 +17,7 @@ import rag
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "single_pair_single.rag")
 BROKEN = str(ROOT / "tests" / "repl" / "data" / "broken.rag")
+GPT = str(ROOT / "examples" / "gpt.rag")  # train_step takes two params arguments
 
 
 def find_rag():
@@ -126,6 +127,19 @@ def test_run_with_an_impossible_extent_says_so(tmp_path):
     rc, out, err = run("run", str(src), "--fn", "b")
     assert rc == 1 and "std::" not in err, err
     assert "an array of shape (5, 9223372036854775807) is larger than any allocation" in err
+
+
+def test_save_paths_are_checked_before_the_steps(tmp_path):
+    # a path that cannot be written, or one file for two params arguments, fails before any
+    # step runs (no "step 1" line), and leaves no file behind
+    bad = tmp_path / "no" / "such" / "dir.st"
+    rc, out, err = run("run", EXAMPLE, "--fn", "train_step", "--steps", "3", "--save", str(bad))
+    assert rc == 1 and "step 1" not in out and f"--save {bad}: cannot write there" in err, err
+    twice = tmp_path / "p.st"
+    rc, out, err = run("run", GPT, "--fn", "train_step", "--steps", "1",
+                       "--save", str(twice), "--save", str(tmp_path / "." / "p.st"))
+    assert rc == 2 and "step 1" not in out and "is given twice" in err, err
+    assert not twice.exists()
 
 
 @pytest.mark.parametrize("flags, message", [
