@@ -153,6 +153,8 @@ std::vector<std::int64_t> parse_lengths(const std::string& s) {
     std::string tok;
     while (std::getline(ss, tok, ','))
         out.push_back(std::int64_t(parse_count("--lengths", tok, std::uint64_t(1) << 40)));
+    if (!s.empty() && s.back() == ',') // "5,17," is as wrong as "5,,17"
+        parse_count("--lengths", "", std::uint64_t(1) << 40);
     if (out.empty()) usage_fail("--lengths needs at least one length");
     return out;
 }
@@ -485,17 +487,21 @@ int dispatch(const std::vector<std::string>& a) {
                    stdout);
         return 0;
     }
-    if (a.size() < 2 || a[1].starts_with("--"))
+    if (a.size() < 2 || a[1].starts_with("--")) {
+        if (name == "check" && a.size() >= 2 && a[1] == "--markdown")
+            usage_fail("--markdown lists the standard library: rag check --stdlib --markdown");
         usage_fail(name, " needs a FILE (rag ", name, " --help)");
+    }
     Options o;
     for (std::size_t k = 2; k < a.size(); ++k) {
         auto value = [&]() -> const std::string& {
             if (k + 1 >= a.size()) usage_fail(a[k], " needs a value");
             return a[++k];
         };
-        if (a[k] == "--fn")
+        if (a[k] == "--fn") {
+            if (!o.fn.empty()) usage_fail("--fn is given twice: ", name, " runs one function");
             o.fn = value();
-        else if (a[k] == "--lengths")
+        } else if (a[k] == "--lengths")
             o.lengths = parse_lengths(value());
         else if (a[k] == "--seed")
             o.seed = parse_count("--seed", value(), ~std::uint64_t(0));

@@ -148,6 +148,8 @@ def test_save_paths_are_checked_before_the_steps(tmp_path):
     (["--seed", "-1"], "--seed takes an integer from 0 to 18446744073709551615, got '-1'"),
     (["--lengths", "5,a"], "--lengths takes an integer from 0 to 1099511627776, got 'a'"),
     (["--lengths", "5,,3"], "--lengths takes an integer"),
+    (["--lengths", "5,3,"], "--lengths takes an integer"),
+    (["--fn", "loss"], "--fn is given twice: run runs one function"),
     (["--steps"], "--steps needs a value"),
     (["--tier", "fast"], "--tier takes jit or interp, got 'fast'"),
     (["--bogus"], "unknown option '--bogus' for rag run (rag run --help)"),
