@@ -407,9 +407,13 @@ void Session::cmd_ptx(const std::string& arg) {
 }
 
 void Session::cmd_load(const std::string& path) {
+    if (std::filesystem::is_directory(path)) {
+        error(path + " is a directory: :load takes a .rag file (or NAME TYPE FILE)");
+        return;
+    }
     std::ifstream in(path);
     if (!in) {
-        error("cannot open " + path);
+        error("cannot open '" + path + "' (:load FILE, or :load NAME TYPE FILE for a checkpoint)");
         return;
     }
     std::stringstream ss;
