@@ -12,6 +12,7 @@
 //   64-byte aligned and already of the target dtype; otherwise they are copied once.
 #pragma once
 #include "bindings/dlpack.hpp"
+#include "bindings/initialised.hpp"
 #include "runtime/tensor.hpp"
 
 #include <pybind11/numpy.h>

@@ -52,6 +52,71 @@ struct Params {
     }
 };
 
+// A params group's fields in order (dotted name, schema), by group type name: built from the
+// program's declarations once per module, as a call converts a dict of arrays field by field.
+using RecordLeaves =
+    std::map<std::string, std::vector<std::pair<std::string, Schema>>, std::less<>>;
+
+// Module keeps a specialisation cache and stats that calls update, so calls on one module are
+// serialised by `mu` (taken with the GIL released); different modules run in parallel.
+struct PyModule {
+    std::shared_ptr<Module> mod;
+    std::string path;
+    std::mutex mu;
+    RecordLeaves records; // read and filled with the GIL held
+};
+using PyModulePtr = std::shared_ptr<PyModule>;
+
+// A function of a module, callable from Python.
+struct PyFunction {
+    PyModulePtr mod;
+    std::string name;
+};
+
+// What a call_saving keeps for its backward: the module stays alive with it.
+struct PySaved {
+    PyModulePtr mod;
+    std::shared_ptr<const Module::Saved> saved;
+    std::string name;
+};
+
+} // namespace
+} // namespace rag::bind
+
+// ---- what a class is called and how one is made (bindings/initialised.hpp) -----------------
+
+namespace rag::bind {
+template <> struct Made<Params> {
+    static constexpr const char* name = "rag.Params";
+    static constexpr const char* how = "make params with m.init(name) or m.load_params(type, path)";
+};
+template <> struct Made<PyModule> {
+    static constexpr const char* name = "rag.Module";
+    static constexpr const char* how = "make modules with rag.load(path) or rag.compile(source)";
+};
+template <> struct Made<PyFunction> {
+    static constexpr const char* name = "rag.Function";
+    static constexpr const char* how = "get functions from a module, as m.name or m[\"name\"]";
+};
+template <> struct Made<PySaved> {
+    static constexpr const char* name = "rag.Saved";
+    static constexpr const char* how = "get one from m.name.call_saving(...)";
+};
+} // namespace rag::bind
+
+RAG_INITIALISED_CASTER(rag::bind::Params)
+RAG_INITIALISED_CASTER(rag::bind::PyModule)
+RAG_INITIALISED_CASTER(rag::bind::PyFunction)
+RAG_INITIALISED_CASTER(rag::bind::PySaved)
+namespace pybind11::detail {
+template <>
+class type_caster<rag::bind::PyModulePtr>
+    : public rag::bind::InitialisedHolderCaster<rag::bind::PyModule> {};
+} // namespace pybind11::detail
+
+namespace rag::bind {
+namespace {
+
 // A field value from Python, converted to the field's declared schema; errors name
 // `group.field`.
 RaggedTensor field_value(py::handle obj, const Schema& want, const std::string& group,
@@ -144,11 +209,6 @@ RaggedTensor adapt(const RaggedTensor& t, const ast::TypeExpr& decl, bool batche
 std::string type_name(py::handle obj) {
     return py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
 }
-
-// A params group's fields in order (dotted name, schema), by group type name: built from the
-// program's declarations once per module, as a call converts a dict of arrays field by field.
-using RecordLeaves =
-    std::map<std::string, std::vector<std::pair<std::string, Schema>>, std::less<>>;
 
 // What one call knows while converting its arguments: the batch names of the signature, the
 // dtypes its type parameters are bound to (by rag.Tensor arguments, then by inference), and
@@ -283,16 +343,6 @@ std::string fspath(py::handle path, const char* what) {
 
 // ---- modules --------------------------------------------------------------------------------
 
-// Module keeps a specialisation cache and stats that calls update, so calls on one module are
-// serialised by `mu` (taken with the GIL released); different modules run in parallel.
-struct PyModule {
-    std::shared_ptr<Module> mod;
-    std::string path;
-    std::mutex mu;
-    RecordLeaves records; // read and filled with the GIL held
-};
-using PyModulePtr = std::shared_ptr<PyModule>;
-
 const ast::FnDecl& find_fn(const PyModule& m, const std::string& name) {
     auto [fn, file] = m.mod->program().find_fn(name);
     if (!fn) throw py::attribute_error("module " + m.path + " has no function '" + name + "'");
@@ -366,20 +416,7 @@ std::string ir_of(PyModule& m, const std::string& name, const py::args& args) {
     return m.mod->ir(name, vals);
 }
 
-// A function of a module, callable from Python.
-struct PyFunction {
-    PyModulePtr mod;
-    std::string name;
-};
-
 // ---- reverse mode (Function.vjp, Function.call_saving) ---------------------------------------
-
-// What a call_saving keeps for its backward: the module stays alive with it.
-struct PySaved {
-    PyModulePtr mod;
-    std::shared_ptr<const Module::Saved> saved;
-    std::string name;
-};
 
 // A cotangent from Python: None (zero), a rag.Tensor, a rag.Params, an array or a number (an
 // unbatched tensor), or a tuple of these.
@@ -632,6 +669,12 @@ int logical_axis(const RaggedTensor& t, int axis) {
     return axis;
 }
 
+// The __init__ of rag's classes: their instances come from rag's functions, and pybind11's own
+// "No constructor defined!" would not say which.
+template <class T, class Made = T> Made no_constructor(const py::args&, const py::kwargs&) {
+    fail(bind::Made<T>::name, " cannot be made directly; ", bind::Made<T>::how);
+}
+
 std::string format_of(DType t) {
     switch (t) {
     case DType::f16:
@@ -699,6 +742,7 @@ PYBIND11_MODULE(_rag, m) {
 
 Built by rag.ragged, rag.tensor, rag.from_padded, rag.from_dlpack, or returned by a function.
 Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
+        .def(py::init(&no_constructor<RaggedTensor>))
         .def_buffer([](RaggedTensor& t) {
             py::array v = values_view(t);
             std::vector<py::ssize_t> shape(v.shape(), v.shape() + v.ndim()),
@@ -856,6 +900,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
     // ---- Params -----------------------------------------------------------------------------
     py::class_<Params>(m, "Params",
                        "A params record: a mapping from field names to NumPy arrays (views).")
+        .def(py::init(&no_constructor<Params>))
         .def_readonly("name", &Params::record, "The params group, e.g. 'PairBlock'.")
         .def("__getitem__",
              [](Params& p, const std::string& k) {
@@ -925,19 +970,23 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             "Write a safetensors checkpoint: one tensor per (dotted) field name, written to a "
             "temporary file and renamed over `path`.")
         .def(py::pickle(
-            [](const Params& p) {
+            [](const Params& p) -> py::object {
                 py::list fields;
                 for (const auto& [n, t] : p.fields) fields.append(py::make_tuple(n, t));
                 return py::make_tuple(p.record, fields);
             },
-            [](const py::tuple& s) {
-                if (s.size() != 2) fail("rag.Params state: expected (name, fields)");
+            [](const py::object& state) {
+                if (!py::isinstance<py::tuple>(state) || py::len(state) != 2 ||
+                    !py::isinstance<py::list>(state[py::int_(1)]))
+                    fail("rag.Params state: expected (name, [fields])");
+                py::tuple s = py::reinterpret_borrow<py::tuple>(state);
                 Params p;
                 p.record = py::str(s[0]).cast<std::string>();
                 for (py::handle f : s[1]) {
-                    py::tuple nt = py::reinterpret_borrow<py::tuple>(f);
-                    if (nt.size() != 2 || !py::isinstance<RaggedTensor>(nt[1]))
+                    if (!py::isinstance<py::tuple>(f) || py::len(f) != 2 ||
+                        !py::isinstance<RaggedTensor>(f[py::int_(1)]))
                         fail("rag.Params state: a field is not (name, rag.Tensor)");
+                    py::tuple nt = py::reinterpret_borrow<py::tuple>(f);
                     p.fields.emplace_back(py::str(nt[0]).cast<std::string>(),
                                           nt[1].cast<RaggedTensor>());
                 }
@@ -954,6 +1003,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
     // ---- Module and Function ----------------------------------------------------------------
     py::class_<PyFunction>(
         m, "Function", "A function of a rag module; calling it compiles on first use per schema.")
+        .def(py::init(&no_constructor<PyFunction>))
         .def("__call__", [](PyFunction& f, py::args args,
                             py::kwargs kwargs) { return call(*f.mod, f.name, args, kwargs); })
         .def_readonly("name", &PyFunction::name)
@@ -985,11 +1035,13 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
 
     py::class_<PySaved>(m, "Saved",
                         "What Function.call_saving kept for the reverse pass of one call.")
+        .def(py::init(&no_constructor<PySaved>))
         .def("backward", &saved_backward, "cotangents"_a,
              "The gradients of the saved call for these cotangents (see Function.vjp).");
 
     py::class_<PyModule, PyModulePtr>(m, "Module",
                                       "A loaded .rag program; its functions are attributes.")
+        .def(py::init(&no_constructor<PyModule, PyModulePtr>))
         .def_readonly("path", &PyModule::path)
         .def_property(
             "tier",

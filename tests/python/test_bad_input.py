@@ -1,0 +1,140 @@
+"""Bad input to the Python API gets a clear rag.Error (or the Python error its protocol asks
+for) and loses nothing: never a crash, NumPy's or pybind11's text, or a silent reinterpretation.
+The cases that used to crash run in a subprocess, so a crash fails the test instead of pytest.
+"""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import rag
+
+SRC = """
+params P {
+    w: f32[4, 3] = normal(0.5)
+}
+fn f(x: f32[B, ~N, 4], p: P) -> f32[B, ~N, 3] {
+    return tanh(x @ p.w)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def m():
+    return rag.compile(SRC)
+
+
+@pytest.fixture(scope="module")
+def x():
+    return rag.ragged([np.ones((n, 4), np.float32) for n in (2, 3)])
+
+
+def run_python(code):
+    """Runs code in a fresh interpreter with this test's rag; returns (rc, stdout + stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(rag.__file__).resolve().parents[1]))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stdout + r.stderr
+
+
+# Every method and property of an uninitialised instance, a call given one, and the protocols
+# that reach it: each must be rag.Error("... is not initialised ..."). The script prints what
+# did not, and exits 0; a crash is a signal's return code.
+UNINITIALISED = """
+import pickle
+import numpy as np
+import rag
+
+SRC = '''%s'''
+m = rag.compile(SRC)
+x = rag.ragged([np.ones((n, 4), np.float32) for n in (2, 3)])
+p = m.init("P")
+ARGS = {"lengths": (1,), "astype": ("f32",), "__getitem__": (0,), "__setitem__": ("w", 0),
+        "get": ("w",), "__contains__": ("w",), "__getattr__": ("w",), "save": ("/nonexistent",),
+        "__call__": (x, p), "vjp": (x, p, x), "call_saving": (x, p), "ir": (),
+        "backward": (x,), "call": ("f", x, p), "init": ("P",), "load_params": ("P", "/x"),
+        "save_params": (p, "/x"), "Module.ir": ("f",)}
+SKIP = {"__init__", "__new__", "__setstate__", "__doc__", "__module__", "__hash__"}
+bad = []
+
+def expect_error(what, f):
+    try:
+        f()
+    except rag.Error as e:
+        if "is not initialised" not in str(e):
+            bad.append("%%s: %%s" %% (what, e))
+    except BaseException as e:
+        bad.append("%%s: %%s: %%s" %% (what, type(e).__name__, e))
+    else:
+        bad.append(what + ": no error")
+
+for cls in (rag.Tensor, rag.Params, rag.Module, rag.Function, rag.Saved):
+    obj = cls.__new__(cls)
+    for name, attr in vars(cls).items():
+        if name in SKIP or name.startswith("_pybind11"):
+            continue
+        if isinstance(attr, property):
+            expect_error(cls.__name__ + "." + name, lambda: getattr(obj, name))
+        elif callable(attr):
+            args = ARGS.get(cls.__name__ + "." + name, ARGS.get(name, ()))
+            expect_error(cls.__name__ + "." + name, lambda: getattr(obj, name)(*args))
+
+t = pickle.loads(b"\\x80\\x02crag\\nTensor\\n)\\x81.")  # NEWOBJ without BUILD: no state
+expect_error("unpickled values", lambda: t.values)
+expect_error("f(t)", lambda: m.f(t, p))
+expect_error("f(x, params)", lambda: m.f(x, rag.Params.__new__(rag.Params)))
+expect_error("vjp(t)", lambda: m.f.vjp(t, p, x))
+expect_error("np.from_dlpack", lambda: np.from_dlpack(t))
+expect_error("pickle.dumps", lambda: pickle.dumps(t))
+expect_error("rag.tensor", lambda: rag.tensor(t))
+expect_error("params field", lambda: m.f(x, {"w": t}))
+try:
+    memoryview(t)
+    bad.append("memoryview: no error")
+except BufferError as e:  # the buffer protocol's own error, from the rag.Error
+    if "is not initialised" not in str(e.__cause__ or e.__context__):
+        bad.append("memoryview: %%r" %% (e.__cause__ or e.__context__))
+print("\\n".join(bad) if bad else "all refused")
+""" % SRC
+
+
+def test_uninitialised_instances_are_errors_not_crashes():
+    rc, out = run_python(UNINITIALISED)
+    assert rc == 0, out
+    assert out.strip() == "all refused", out
+
+
+def test_classes_say_how_to_make_an_instance():
+    with pytest.raises(rag.Error, match=r"rag.Tensor cannot be made directly; .*rag.ragged"):
+        rag.Tensor()
+    with pytest.raises(rag.Error, match=r"rag.Params cannot be made directly; .*m.init"):
+        rag.Params()
+    with pytest.raises(rag.Error, match=r"rag.Module cannot be made directly; .*rag.load"):
+        rag.Module("x.rag")
+    for cls in (rag.Function, rag.Saved):
+        with pytest.raises(rag.Error, match="cannot be made directly"):
+            cls()
+
+
+def test_a_state_that_is_not_one_is_a_rag_error(x):
+    t = rag.Tensor.__new__(rag.Tensor)
+    with pytest.raises(rag.Error, match="rag.Tensor state: expected the tuple .* got int"):
+        t.__setstate__(5)
+    with pytest.raises(rag.Error, match="rag.Tensor state: an axis is not"):
+        t.__setstate__((1, "f32", True, [5], 1, [], b""))
+    with pytest.raises(rag.Error, match="rag.Tensor state: not a state this rag writes"):
+        t.__setstate__((1, "f32", True, [(0, 2**70, "N")], 1, [], b""))
+    with pytest.raises(rag.ArgumentError, match=r"rag.Tensor.__setstate__\(.*\): cannot take"):
+        t.__setstate__()
+    with pytest.raises(rag.Error, match="rag.Params state"):
+        rag.Params.__new__(rag.Params).__setstate__(("P", [5]))
+    # After all that the instance is still uninitialised, and a good state initialises it.
+    with pytest.raises(rag.Error, match="not initialised"):
+        t.batch
+    t.__setstate__(x.__getstate__())
+    assert t.lengths(1) == [2, 3]
