@@ -80,8 +80,29 @@ struct PySaved {
     std::string name;
 };
 
+// An integer argument as Python holds it (any size; NumPy's integers too): the function then
+// says which range it takes, where pybind11 would report a value outside its C++ type as an
+// argument of the wrong type ("cannot take (int)").
+struct Int {
+    py::int_ value;
+    std::string str() const { return py::repr(value).cast<std::string>(); }
+};
+
 } // namespace
 } // namespace rag::bind
+
+namespace pybind11::detail {
+template <> class type_caster<rag::bind::Int> {
+  public:
+    PYBIND11_TYPE_CASTER(rag::bind::Int, const_name("int"));
+    bool load(handle src, bool) {
+        if (!PyIndex_Check(src.ptr())) return false; // a float or a str: an ArgumentError
+        value.value = reinterpret_steal<int_>(PyNumber_Index(src.ptr()));
+        if (!value.value) throw error_already_set();
+        return true;
+    }
+};
+} // namespace pybind11::detail
 
 // ---- what a class is called and how one is made (bindings/initialised.hpp) -----------------
 
@@ -858,10 +879,18 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
              })
         .def(
             "__getitem__",
-            [](const RaggedTensor& t, std::int64_t i) {
+            [](const RaggedTensor& t, const Int& index) {
                 if (!t.shape().batched)
                     fail("indexing selects a sample; ", t.schema().str(), " is not batched");
-                return sample_array(t, i < 0 ? i + t.batch() : i);
+                int overflow = 0;
+                const std::int64_t i = PyLong_AsLongLongAndOverflow(index.value.ptr(), &overflow);
+                const std::int64_t k = i < 0 ? i + t.batch() : i;
+                // The message shows the index given (-3), not the one it counts as (-1).
+                if (overflow || k < 0 || k >= t.batch())
+                    throw py::index_error("sample index " + index.str() +
+                                          " out of range for a batch of " +
+                                          std::to_string(t.batch()));
+                return sample_array(t, k);
             },
             "Sample i as a NumPy array (a view).")
         .def("__iter__",
@@ -1117,15 +1146,22 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             "name"_a)
         .def(
             "init",
-            [](PyModule& pm, const std::string& name, std::uint64_t seed) {
+            [](PyModule& pm, const std::string& name, const Int& seed) {
+                const unsigned long long s = PyLong_AsUnsignedLongLong(seed.value.ptr());
+                if (PyErr_Occurred()) { // negative, or 2**64 or more
+                    PyErr_Clear();
+                    fail("rag.Module.init: seed must be an integer in [0, 2**64), got ",
+                         seed.str());
+                }
                 Value v;
                 {
                     py::gil_scoped_release nogil;
-                    v = pm.mod->init(name, seed);
+                    v = pm.mod->init(name, s);
                 }
                 return Params::of(v);
             },
-            "name"_a, "seed"_a = 0, "Deterministic initialisation of a params group.")
+            "name"_a, "seed"_a = 0,
+            "Deterministic initialisation of a params group; seed: an integer in [0, 2**64).")
         .def(
             "load_params",
             [](PyModule& pm, const std::string& type, py::object path) {
@@ -1252,8 +1288,21 @@ dtype: a rag dtype name or NumPy dtype (default: the samples' own; uint16 means 
         R"(Inverse of to_padded: padded is [B, envelope...]; lengths is B extents (one ragged axis)
 or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [0]).)");
     m.def(
-        "set_num_threads", [](int n) { set_num_threads(n); }, "n"_a,
-        "Threads rag's kernels use from now on (RAG_NUM_THREADS at start; 0: every core). "
+        "set_num_threads",
+        [](const Int& n) {
+            // runtime/parallel.cpp cuts a call into at most 64 chunks, so no call ever runs on
+            // more threads; a larger count is taken as 64, and num_threads() says so.
+            constexpr long long most = 64;
+            int overflow = 0;
+            const long long k = PyLong_AsLongLongAndOverflow(n.value.ptr(), &overflow);
+            if (overflow < 0 || (!overflow && k < 0))
+                fail("rag.set_num_threads: n must be 0 (every core) or a positive count, got ",
+                     n.str());
+            set_num_threads(int(overflow ? most : std::min(k, most)));
+        },
+        "n"_a,
+        "Threads rag's kernels use from now on (RAG_NUM_THREADS at start; 0: every core); "
+        "counts above 64, the most chunks a kernel's work is cut into, are taken as 64. "
         "Results are bitwise the same for any count.");
     m.def("num_threads", &num_threads, "Threads rag's kernels use.");
     m.def(

@@ -138,3 +138,39 @@ def test_a_state_that_is_not_one_is_a_rag_error(x):
         t.batch
     t.__setstate__(x.__getstate__())
     assert t.lengths(1) == [2, 3]
+
+
+def test_a_seed_outside_its_range_says_the_range(m):
+    for seed in (-1, 2**64, 2**70):
+        with pytest.raises(rag.Error, match=re.escape("seed must be an integer in [0, 2**64), "
+                                                      "got %d" % seed)):
+            m.init("P", seed=seed)
+    top = m.init("P", seed=2**64 - 1)
+    np.testing.assert_array_equal(m.init("P", seed=np.uint64(2**64 - 1))["w"], top["w"])
+    np.testing.assert_array_equal(m.init("P", seed=np.int32(3))["w"], m.init("P", 3)["w"])
+    with pytest.raises(rag.ArgumentError, match=r"seed: int = 0\): cannot take \(str, seed=float"):
+        m.init("P", seed=1.5)
+
+
+def test_a_sample_index_out_of_range_is_reported_as_given(x):
+    for i in (-3, 2, 2**80, -(2**80)):
+        with pytest.raises(IndexError, match=r"^sample index %d out of range for a batch of 2$"
+                                             % i):
+            x[i]
+    assert x[-2].shape == (2, 4) and x[np.int64(1)].shape == (3, 4)
+
+
+def test_thread_counts():
+    try:
+        with pytest.raises(rag.Error, match="n must be 0 .every core. or a positive count, "
+                                            "got -1"):
+            rag.set_num_threads(-1)
+        rag.set_num_threads(10**6)  # more threads than any call can use: the most it can
+        assert rag.num_threads() == 64
+        rag.set_num_threads(10**30)
+        assert rag.num_threads() == 64
+        rag.set_num_threads(3)
+        assert rag.num_threads() == 3
+    finally:
+        rag.set_num_threads(0)
+    assert rag.num_threads() >= 1
