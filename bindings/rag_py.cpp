@@ -143,10 +143,15 @@ namespace {
 RaggedTensor field_value(py::handle obj, const Schema& want, const std::string& group,
                          const std::string& field) {
     RaggedTensor t;
-    if (py::isinstance<RaggedTensor>(obj))
+    if (py::isinstance<RaggedTensor>(obj)) {
         t = obj.cast<RaggedTensor>();
-    else
-        t = tensor_from_array(obj, want.dtype, false, "same_kind");
+    } else {
+        try {
+            t = tensor_from_array(obj, want.dtype, false, "same_kind");
+        } catch (const Error& e) {
+            fail(group, ".", field, ": ", e.what(), "; the field is ", want.str());
+        }
+    }
     if (!(t.schema() == want))
         fail(group, ".", field, ": expected ", want.str(), ", got ", t.schema().str());
     return t;

@@ -152,6 +152,28 @@ def test_a_seed_outside_its_range_says_the_range(m):
         m.init("P", seed=1.5)
 
 
+def test_a_params_field_of_the_wrong_kind_names_the_field(m, x):
+    with pytest.raises(rag.Error) as e:
+        m.f(x, {"w": "abc"})
+    message = str(e.value)
+    assert message.startswith("f: argument p.w: expected numbers for f32, got str"), message
+    assert "f32[4, 3]" in message
+    assert "Cannot cast" not in message and "dtype(" not in message
+    with pytest.raises(rag.Error, match=r"p.w: expected f32, got ndarray of NumPy dtype "
+                                        r"complex128, which does not convert without loss"):
+        m.f(x, {"w": np.zeros((4, 3), np.complex128)})
+    p = m.init("P")
+    with pytest.raises(rag.Error, match="P.w: expected numbers for f32, got str"):
+        p["w"] = "abc"
+
+
+def test_from_packed_names_a_dtype_mismatch():
+    values = np.zeros((5, 4), np.float32)
+    with pytest.raises(rag.Error, match="from_packed: values: expected i32, got ndarray of NumPy "
+                                        "dtype float32, which does not convert without loss"):
+        rag.from_packed(values, [2, 3], "i32[B, ~N, 4]")
+
+
 def test_a_sample_index_out_of_range_is_reported_as_given(x):
     for i in (-3, 2, 2**80, -(2**80)):
         with pytest.raises(IndexError, match=r"^sample index %d out of range for a batch of 2$"
