@@ -653,6 +653,21 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
 
 // ---- packed values and lengths ----------------------------------------------------------------
 
+py::array_t<std::int64_t, py::array::c_style> integer_array(py::handle obj,
+                                                            const std::string& what) {
+    py::array a;
+    try {
+        a = numpy().attr("asarray")(obj);
+    } catch (py::error_already_set&) {
+        fail(what, " must be a sequence of integers, got a ", type_name(obj));
+    }
+    // Floats are refused, not truncated: lengths of 2.5 are a mistake, not 2.
+    if (a.size() > 0 && a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
+        fail(what, " must be a sequence of integers, got NumPy dtype ",
+             py::str(a.dtype()).cast<std::string>(), " values");
+    return py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(a);
+}
+
 namespace {
 
 // The distinct ragged names of `axes`, in order of first appearance.
@@ -683,17 +698,10 @@ std::vector<std::int64_t> int_vector(py::handle obj, const std::string& what) {
         }
         if (v.size() == py::len(obj)) return v;
     }
-    py::array a;
-    try {
-        a = numpy().attr("asarray")(obj, "dtype"_a = "int64");
-    } catch (py::error_already_set&) {
-        fail("from_packed: ", what, " must be a sequence of integers, got ",
-             py::str(py::type::of(obj)).cast<std::string>());
-    }
+    auto a = integer_array(obj, "from_packed: " + what);
     if (a.ndim() != 1)
         fail("from_packed: ", what, " must be one-dimensional, got ", a.ndim(), " dimensions");
-    auto* d = static_cast<const std::int64_t*>(a.data());
-    std::vector<std::int64_t> v(d, d + a.size());
+    std::vector<std::int64_t> v(a.data(), a.data() + a.size());
     for (std::size_t i = 0; i < v.size(); ++i)
         if (v[i] < 0) fail("from_packed: ", what, "[", i, "] is negative (", v[i], ")");
     return v;

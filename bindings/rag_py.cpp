@@ -655,8 +655,7 @@ RaggedTensor from_padded(py::handle padded, py::handle lengths, py::handle ragge
         axes = axes_from_indices(py::make_tuple(0), extents);
     else
         axes = axes_from_indices(ragged_axes, extents);
-    py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> l(
-        np.attr("asarray")(lengths));
+    auto l = integer_array(lengths, "from_padded: lengths");
     std::vector<std::vector<std::int64_t>> lens;
     if (l.ndim() == 1)
         lens.emplace_back(l.data(), l.data() + l.size());

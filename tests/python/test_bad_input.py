@@ -174,6 +174,20 @@ def test_from_packed_names_a_dtype_mismatch():
         rag.from_packed(values, [2, 3], "i32[B, ~N, 4]")
 
 
+def test_lengths_must_be_integers():
+    values = np.zeros((5, 4), np.float32)
+    for lengths in ([2.5, 2.5], np.array([2.0, 3.0]), [2, 3.0]):
+        with pytest.raises(rag.Error, match="from_packed: lengths must be a sequence of integers, "
+                                            "got NumPy dtype float64"):
+            rag.from_packed(values, lengths, "f32[B, ~N, 4]")
+    with pytest.raises(rag.Error, match="from_padded: lengths must be a sequence of integers"):
+        rag.from_padded(np.zeros((2, 3), np.float32), [2.5, 1])
+    # Integers of any width and layout are read as they are: a strided view too.
+    t = rag.from_packed(values, np.array([2, 9, 3, 9], np.int32)[::2], "f32[B, ~N, 4]")
+    assert t.lengths(1) == [2, 3]
+    assert rag.from_packed(np.zeros((0, 4), np.float32), [], "f32[B, ~N, 4]").batch == 0
+
+
 def test_a_sample_index_out_of_range_is_reported_as_given(x):
     for i in (-3, 2, 2**80, -(2**80)):
         with pytest.raises(IndexError, match=r"^sample index %d out of range for a batch of 2$"
