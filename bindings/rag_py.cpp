@@ -375,11 +375,12 @@ const ast::FnDecl& find_fn(const PyModule& m, const std::string& name) {
     return *fn;
 }
 
+// `callee` names the call in errors of counts and keywords: "f()", "f.call_saving()".
 std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args& args,
-                             const py::kwargs& kwargs) {
+                             const py::kwargs& kwargs, const std::string& callee) {
     const std::size_t n = fn.params.size();
     if (args.size() > n)
-        throw py::type_error(fn.name + "() takes " + std::to_string(n) + " arguments but " +
+        throw py::type_error(callee + " takes " + std::to_string(n) + " arguments but " +
                              std::to_string(args.size()) + " were given");
     std::vector<py::object> slots(n);
     for (std::size_t k = 0; k < args.size(); ++k) slots[k] = args[k];
@@ -388,9 +389,9 @@ std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args&
         std::size_t k = 0;
         while (k < n && fn.params[k].name != name) ++k;
         if (k == n)
-            throw py::type_error(fn.name + "() got an unexpected keyword argument '" + name + "'");
+            throw py::type_error(callee + " got an unexpected keyword argument '" + name + "'");
         if (slots[k])
-            throw py::type_error(fn.name + "() got multiple values for argument '" + name + "'");
+            throw py::type_error(callee + " got multiple values for argument '" + name + "'");
         slots[k] = py::reinterpret_borrow<py::object>(value);
     }
     Binding bind{batch_names(fn), {}, m.records};
@@ -404,7 +405,7 @@ std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args&
     for (std::size_t k = 0; k < n; ++k) {
         const std::string what = fn.name + ": argument " + fn.params[k].name;
         if (!slots[k])
-            throw py::type_error(fn.name + "() missing argument '" + fn.params[k].name + "'");
+            throw py::type_error(callee + " missing argument '" + fn.params[k].name + "'");
         try {
             vals.push_back(to_value(slots[k], fn.params[k].type, bind, m.mod->program(), what));
         } catch (py::error_already_set& e) {
@@ -423,7 +424,7 @@ std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args&
 py::object call(PyModule& m, const std::string& name, const py::args& args,
                 const py::kwargs& kwargs) {
     const ast::FnDecl& fn = find_fn(m, name);
-    std::vector<Value> vals = bind_args(m, fn, args, kwargs);
+    std::vector<Value> vals = bind_args(m, fn, args, kwargs, name + "()");
     Value out;
     {
         py::gil_scoped_release nogil;
@@ -436,7 +437,7 @@ py::object call(PyModule& m, const std::string& name, const py::args& args,
 std::string ir_of(PyModule& m, const std::string& name, const py::args& args) {
     const ast::FnDecl& fn = find_fn(m, name);
     std::optional<std::vector<Value>> vals;
-    if (!args.empty()) vals = bind_args(m, fn, args, py::kwargs());
+    if (!args.empty()) vals = bind_args(m, fn, args, py::kwargs(), name + ".ir()");
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(m.mu);
     return m.mod->ir(name, vals);
@@ -487,19 +488,30 @@ py::tuple gradients(const std::vector<std::optional<Value>>& grads) {
 }
 
 py::tuple vjp_of(PyModule& m, const std::string& name, py::args args, py::kwargs kwargs) {
+    const ast::FnDecl& fn = find_fn(m, name);
+    // Errors of counts describe vjp's own signature: the function's arguments, then the
+    // cotangents ("f.vjp(x, p, cotangents)"), not the function's with one argument taken away.
+    std::string sig = name + ".vjp(";
+    for (const auto& p : fn.params) sig += p.name + ", ";
+    sig += "cotangents)";
     py::object cts;
     if (kwargs.contains("cotangents")) {
         cts = kwargs["cotangents"];
         kwargs.attr("pop")("cotangents");
-    } else if (!args.empty()) {
+    } else {
+        const std::size_t n = fn.params.size(), given = args.size() + kwargs.size();
+        if (given != n + 1)
+            throw py::type_error(sig + " takes " + std::to_string(n + 1) + " arguments (the " +
+                                 std::to_string(n) + " of " + name + ", then the cotangents) but " +
+                                 std::to_string(given) + " were given");
+        if (args.empty())
+            throw py::type_error(sig + " needs the cotangents last among the positional "
+                                       "arguments, or as cotangents=");
         cts = args[args.size() - 1];
         args = py::reinterpret_steal<py::args>(
             PyTuple_GetSlice(args.ptr(), 0, Py_ssize_t(args.size()) - 1));
-    } else {
-        throw py::type_error(name + ".vjp(*args, cotangents) needs the cotangents");
     }
-    const ast::FnDecl& fn = find_fn(m, name);
-    std::vector<Value> vals = bind_args(m, fn, args, kwargs);
+    std::vector<Value> vals = bind_args(m, fn, args, kwargs, name + ".vjp()");
     const bool tuple_result = fn.result && fn.result->kind == ast::TypeExpr::Kind::tuple;
     auto ct = cotangent_list(cts, tuple_result);
     std::vector<std::optional<Value>> grads;
@@ -514,7 +526,7 @@ py::tuple vjp_of(PyModule& m, const std::string& name, py::args args, py::kwargs
 py::tuple call_saving(const PyModulePtr& m, const std::string& name, const py::args& args,
                       const py::kwargs& kwargs) {
     const ast::FnDecl& fn = find_fn(*m, name);
-    std::vector<Value> vals = bind_args(*m, fn, args, kwargs);
+    std::vector<Value> vals = bind_args(*m, fn, args, kwargs, name + ".call_saving()");
     std::pair<Value, std::shared_ptr<const Module::Saved>> r;
     {
         py::gil_scoped_release nogil;

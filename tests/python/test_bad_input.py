@@ -188,6 +188,23 @@ def test_lengths_must_be_integers():
     assert rag.from_packed(np.zeros((0, 4), np.float32), [], "f32[B, ~N, 4]").batch == 0
 
 
+def test_vjp_counts_describe_vjps_own_signature(m, x):
+    p = m.init("P")
+    sig = re.escape("f.vjp(x, p, cotangents) takes 3 arguments (the 2 of f, then the cotangents)")
+    with pytest.raises(TypeError, match=sig + " but 2 were given"):
+        m.f.vjp(x, p)
+    with pytest.raises(TypeError, match=sig + " but 4 were given"):
+        m.f.vjp(x, p, x, x)
+    with pytest.raises(TypeError, match=sig + " but 0 were given"):
+        m.f.vjp()
+    with pytest.raises(TypeError, match=re.escape("f.vjp() missing argument 'p'")):
+        m.f.vjp(x, cotangents=x)
+    with pytest.raises(TypeError, match=re.escape("f.call_saving() missing argument 'p'")):
+        m.f.call_saving(x)
+    gx, _ = m.f.vjp(x, p, rag.ragged([np.ones((n, 3), np.float32) for n in (2, 3)]))
+    assert gx.schema == "f32[B, ~N, 4]"
+
+
 def test_a_sample_index_out_of_range_is_reported_as_given(x):
     for i in (-3, 2, 2**80, -(2**80)):
         with pytest.raises(IndexError, match=r"^sample index %d out of range for a batch of 2$"
