@@ -213,6 +213,13 @@ def test_a_sample_index_out_of_range_is_reported_as_given(x):
     assert x[-2].shape == (2, 4) and x[np.int64(1)].shape == (3, 4)
 
 
+def test_example_takes_only_a_shipped_name():
+    for name in ("../__init__.py", "/etc/passwd", "examples/encoder.rag", "", ".", "examples"):
+        with pytest.raises(rag.Error, match="no example '%s' " % re.escape(name)):
+            rag.example(name)
+    assert os.path.basename(rag.example("encoder.rag")) == "encoder.rag"
+
+
 def test_thread_counts():
     try:
         with pytest.raises(rag.Error, match="n must be 0 .every core. or a positive count, "
