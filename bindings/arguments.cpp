@@ -20,7 +20,9 @@ class ArgumentError(Error, TypeError):
     """A call with arguments of the wrong types; the message says what to pass."""
 ArgumentError.__module__ = "rag"
 
-_SIG = re.compile(r"^\s*\d+\.\s*\((.*)\)\s*->")
+# "1. (self: rag.Module, name: str) -> rag.Params"; a constructor's (__init__, __setstate__)
+# "1. rag.Tensor(arg0: object)".
+_SIG = re.compile(r"^\s*\d+\.\s*[\w.]*\((.*)\)\s*(->|$)")
 
 def _signatures(message):
     out = []
@@ -43,7 +45,7 @@ def _wrap(f, qual, method, setter=False):
             return f(*args, **kwargs)
         except TypeError as e:
             text = str(e)
-            if "incompatible function arguments" not in text:
+            if not re.search("incompatible (function|constructor) arguments", text):
                 raise
             sigs = _signatures(text) or ["..."]
             if setter:

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 
 namespace rag::bind {
@@ -168,9 +169,39 @@ DType infer_dtype(const py::array& a) {
          " has no rag dtype (f16 bf16 f32 f64 i32 i64 bool); convert it or pass dtype=");
 }
 
+namespace {
+
+std::string type_name(py::handle obj) {
+    return py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
+}
+
+// a.astype(to, casting=casting), where NumPy's refusal (a float array asked to be i32 under
+// same_kind, a str) is a rag.Error in rag's words; `obj` is what the user gave.
+py::array cast_to(py::handle obj, const py::array& a, const py::dtype& to, DType t,
+                  const char* casting) {
+    try {
+        return a.attr("astype")(to, "casting"_a = casting);
+    } catch (py::error_already_set&) {
+    }
+    const std::string given =
+        type_name(obj) + " of NumPy dtype " + py::str(a.dtype()).cast<std::string>();
+    if (std::string_view("biufc").find(a.dtype().kind()) == std::string_view::npos)
+        fail("expected numbers for ", dtype_name(t), ", got ", given);
+    fail("expected ", dtype_name(t), ", got ", given, ", which does not convert without loss ",
+         "(NumPy's '", casting, "' casting); convert it first");
+}
+
+} // namespace
+
 py::array as_storage(py::handle obj, DType t, const char* casting) {
     py::module_ np = numpy();
-    py::array a = np.attr("asarray")(obj);
+    py::array a;
+    try {
+        a = np.attr("asarray")(obj);
+    } catch (py::error_already_set&) { // a ragged nest of lists, say
+        fail("expected an array of numbers for ", dtype_name(t), ", got a ", type_name(obj),
+             " that NumPy cannot make an array of");
+    }
     const auto src = dtype_of(a.dtype());
     // uint16 and ml_dtypes.bfloat16 hold bf16 bits: widen them before any numeric cast.
     if (src == DType::bf16) {
@@ -180,9 +211,9 @@ py::array as_storage(py::handle obj, DType t, const char* casting) {
     }
     if (t != DType::bf16) {
         if (a.dtype().equal(storage_dtype(t))) return a;
-        return a.attr("astype")(storage_dtype(t), "casting"_a = casting);
+        return cast_to(obj, a, storage_dtype(t), t, casting);
     }
-    py::array_t<float, py::array::c_style> f = a.attr("astype")("float32", "casting"_a = casting);
+    py::array_t<float, py::array::c_style> f = cast_to(obj, a, py::dtype("float32"), t, casting);
     py::array_t<std::uint16_t> out(shape_of(f));
     const float* in = f.data();
     std::uint16_t* o = out.mutable_data();
@@ -622,6 +653,21 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
 
 // ---- packed values and lengths ----------------------------------------------------------------
 
+py::array_t<std::int64_t, py::array::c_style> integer_array(py::handle obj,
+                                                            const std::string& what) {
+    py::array a;
+    try {
+        a = numpy().attr("asarray")(obj);
+    } catch (py::error_already_set&) {
+        fail(what, " must be a sequence of integers, got a ", type_name(obj));
+    }
+    // Floats are refused, not truncated: lengths of 2.5 are a mistake, not 2.
+    if (a.size() > 0 && a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
+        fail(what, " must be a sequence of integers, got NumPy dtype ",
+             py::str(a.dtype()).cast<std::string>(), " values");
+    return py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(a);
+}
+
 namespace {
 
 // The distinct ragged names of `axes`, in order of first appearance.
@@ -652,17 +698,10 @@ std::vector<std::int64_t> int_vector(py::handle obj, const std::string& what) {
         }
         if (v.size() == py::len(obj)) return v;
     }
-    py::array a;
-    try {
-        a = numpy().attr("asarray")(obj, "dtype"_a = "int64");
-    } catch (py::error_already_set&) {
-        fail("from_packed: ", what, " must be a sequence of integers, got ",
-             py::str(py::type::of(obj)).cast<std::string>());
-    }
+    auto a = integer_array(obj, "from_packed: " + what);
     if (a.ndim() != 1)
         fail("from_packed: ", what, " must be one-dimensional, got ", a.ndim(), " dimensions");
-    auto* d = static_cast<const std::int64_t*>(a.data());
-    std::vector<std::int64_t> v(d, d + a.size());
+    std::vector<std::int64_t> v(a.data(), a.data() + a.size());
     for (std::size_t i = 0; i < v.size(); ++i)
         if (v[i] < 0) fail("from_packed: ", what, "[", i, "] is negative (", v[i], ")");
     return v;
@@ -725,10 +764,17 @@ RaggedTensor from_packed(py::handle values, py::handle lengths, const std::strin
     // The values: adopted from a DLPack producer or an array when they can be, else copied once.
     const bool dl = PyCapsule_CheckExact(values.ptr()) ||
                     (py::hasattr(values, "__dlpack__") && !py::isinstance<py::array>(values));
-    RaggedTensor v =
-        dl ? from_dlpack(values, false)
-           : tensor_from_array(values, want ? *want : infer_dtype(py::array::ensure(values)), false,
-                               "same_kind");
+    RaggedTensor v;
+    if (dl) {
+        v = from_dlpack(values, false);
+    } else {
+        try {
+            v = tensor_from_array(values, want ? *want : infer_dtype(py::array::ensure(values)),
+                                  false, "same_kind");
+        } catch (const Error& e) { // the dtype of the spec or dtype= that the values do not fit
+            fail("from_packed: values: ", e.what());
+        }
+    }
     if (want && v.dtype() != *want) v = v.astype(*want);
     if (v.numel() != st->numel())
         fail("from_packed: the values hold ", v.numel(), " elements; the lengths and '", spec,

@@ -12,6 +12,7 @@
 //   64-byte aligned and already of the target dtype; otherwise they are copied once.
 #pragma once
 #include "bindings/dlpack.hpp"
+#include "bindings/initialised.hpp"
 #include "runtime/tensor.hpp"
 
 #include <pybind11/numpy.h>
@@ -74,6 +75,10 @@ std::vector<Axis> axes_from_spec(std::string spec, int rank, std::optional<DType
 std::string ragged_name(int k);
 
 // ---- packed values and lengths --------------------------------------------------------------
+// Lengths (a sequence or array of integers) as a C-contiguous int64 array; `what` starts the
+// rag::Error for anything else, floats included (2.5 is not truncated to 2).
+py::array_t<std::int64_t, py::array::c_style> integer_array(py::handle obj,
+                                                            const std::string& what);
 // A batch from its packed values ([rows, static extents...], as `values` shows them; any array
 // or DLPack producer, adopted without a copy when C-contiguous, 64-byte aligned and of the
 // dtype) and one row of B lengths per ragged name (a dict by name, a list in order of first

@@ -23,7 +23,7 @@ std::int64_t int_of(py::handle h, const char* what) {
 
 } // namespace
 
-py::tuple tensor_state(const RaggedTensor& t) {
+py::object tensor_state(const RaggedTensor& t) {
     py::list axes;
     for (const Axis& a : t.shape().axes) axes.append(py::make_tuple(int(a.kind), a.extent, a.name));
     const std::size_t nbytes = std::size_t(t.numel()) * dtype_size(t.dtype());
@@ -32,7 +32,9 @@ py::tuple tensor_state(const RaggedTensor& t) {
                           py::bytes(static_cast<const char*>(t.data()), nbytes));
 }
 
-RaggedTensor tensor_from_state(const py::tuple& s) {
+namespace {
+
+RaggedTensor from_tuple(const py::tuple& s) {
     if (s.size() != 7 || int_of(s[0], "the version") != state_version)
         fail("rag.Tensor state: not a state this rag writes (version ", state_version, ")");
     auto dtype = parse_dtype(py::str(s[1]).cast<std::string>());
@@ -40,8 +42,9 @@ RaggedTensor tensor_from_state(const py::tuple& s) {
     Shape shape;
     shape.batched = py::bool_(s[2]).cast<bool>();
     for (py::handle a : s[3]) {
+        if (!py::isinstance<py::tuple>(a) || py::len(a) != 3)
+            fail("rag.Tensor state: an axis is not (kind, extent, name)");
         py::tuple ax = py::reinterpret_borrow<py::tuple>(a);
-        if (ax.size() != 3) fail("rag.Tensor state: an axis is not (kind, extent, name)");
         const std::int64_t kind = int_of(ax[0], "an axis kind");
         if (kind < 0 || kind > int(AxisKind::ragged)) fail("rag.Tensor state: bad axis kind");
         shape.axes.push_back(
@@ -53,7 +56,8 @@ RaggedTensor tensor_from_state(const py::tuple& s) {
     if (batch < 0 || std::size_t(shape.sample_rank()) * std::size_t(batch) != sizes.size())
         fail("rag.Tensor state: ", sizes.size(), " extents for ", batch, " samples of rank ",
              shape.sample_rank());
-    const std::string_view bytes = py::bytes(s[6]).cast<std::string_view>();
+    if (!py::isinstance<py::bytes>(s[6])) fail("rag.Tensor state: the values are not bytes");
+    const std::string_view bytes = s[6].cast<std::string_view>();
     // The element count from the extents, before anything is allocated for them: a state that
     // claims more values than its bytes hold fails here.
     const std::uint64_t limit = bytes.size() / dtype_size(*dtype);
@@ -77,6 +81,22 @@ RaggedTensor tensor_from_state(const py::tuple& s) {
     Buffer b = Buffer::allocate(nbytes);
     if (nbytes) std::memcpy(b.data.get(), bytes.data(), nbytes);
     return RaggedTensor(*dtype, std::move(st), std::move(b));
+}
+
+} // namespace
+
+RaggedTensor tensor_from_state(const py::object& state) {
+    if (!py::isinstance<py::tuple>(state))
+        fail("rag.Tensor state: expected the tuple that pickling a rag.Tensor writes, got ",
+             py::str(py::type::of(state).attr("__name__")).cast<std::string>());
+    // A state is input like any other: a part of the wrong Python type (an axis that is not a
+    // tuple, an extent beyond int64, values that are not bytes) is this error, not Python's.
+    try {
+        return from_tuple(py::reinterpret_borrow<py::tuple>(state));
+    } catch (py::error_already_set&) {
+    } catch (py::cast_error&) {
+    }
+    fail("rag.Tensor state: not a state this rag writes (version ", state_version, ")");
 }
 
 } // namespace rag::bind

@@ -52,15 +52,106 @@ struct Params {
     }
 };
 
+// A params group's fields in order (dotted name, schema), by group type name: built from the
+// program's declarations once per module, as a call converts a dict of arrays field by field.
+using RecordLeaves =
+    std::map<std::string, std::vector<std::pair<std::string, Schema>>, std::less<>>;
+
+// Module keeps a specialisation cache and stats that calls update, so calls on one module are
+// serialised by `mu` (taken with the GIL released); different modules run in parallel.
+struct PyModule {
+    std::shared_ptr<Module> mod;
+    std::string path;
+    std::mutex mu;
+    RecordLeaves records; // read and filled with the GIL held
+};
+using PyModulePtr = std::shared_ptr<PyModule>;
+
+// A function of a module, callable from Python.
+struct PyFunction {
+    PyModulePtr mod;
+    std::string name;
+};
+
+// What a call_saving keeps for its backward: the module stays alive with it.
+struct PySaved {
+    PyModulePtr mod;
+    std::shared_ptr<const Module::Saved> saved;
+    std::string name;
+};
+
+// An integer argument as Python holds it (any size; NumPy's integers too): the function then
+// says which range it takes, where pybind11 would report a value outside its C++ type as an
+// argument of the wrong type ("cannot take (int)").
+struct Int {
+    py::int_ value;
+    std::string str() const { return py::repr(value).cast<std::string>(); }
+};
+
+} // namespace
+} // namespace rag::bind
+
+namespace pybind11::detail {
+template <> class type_caster<rag::bind::Int> {
+  public:
+    PYBIND11_TYPE_CASTER(rag::bind::Int, const_name("int"));
+    bool load(handle src, bool) {
+        if (!PyIndex_Check(src.ptr())) return false; // a float or a str: an ArgumentError
+        value.value = reinterpret_steal<int_>(PyNumber_Index(src.ptr()));
+        if (!value.value) throw error_already_set();
+        return true;
+    }
+};
+} // namespace pybind11::detail
+
+// ---- what a class is called and how one is made (bindings/initialised.hpp) -----------------
+
+namespace rag::bind {
+template <> struct Made<Params> {
+    static constexpr const char* name = "rag.Params";
+    static constexpr const char* how = "make params with m.init(name) or m.load_params(type, path)";
+};
+template <> struct Made<PyModule> {
+    static constexpr const char* name = "rag.Module";
+    static constexpr const char* how = "make modules with rag.load(path) or rag.compile(source)";
+};
+template <> struct Made<PyFunction> {
+    static constexpr const char* name = "rag.Function";
+    static constexpr const char* how = "get functions from a module, as m.name or m[\"name\"]";
+};
+template <> struct Made<PySaved> {
+    static constexpr const char* name = "rag.Saved";
+    static constexpr const char* how = "get one from m.name.call_saving(...)";
+};
+} // namespace rag::bind
+
+RAG_INITIALISED_CASTER(rag::bind::Params)
+RAG_INITIALISED_CASTER(rag::bind::PyModule)
+RAG_INITIALISED_CASTER(rag::bind::PyFunction)
+RAG_INITIALISED_CASTER(rag::bind::PySaved)
+namespace pybind11::detail {
+template <>
+class type_caster<rag::bind::PyModulePtr>
+    : public rag::bind::InitialisedHolderCaster<rag::bind::PyModule> {};
+} // namespace pybind11::detail
+
+namespace rag::bind {
+namespace {
+
 // A field value from Python, converted to the field's declared schema; errors name
 // `group.field`.
 RaggedTensor field_value(py::handle obj, const Schema& want, const std::string& group,
                          const std::string& field) {
     RaggedTensor t;
-    if (py::isinstance<RaggedTensor>(obj))
+    if (py::isinstance<RaggedTensor>(obj)) {
         t = obj.cast<RaggedTensor>();
-    else
-        t = tensor_from_array(obj, want.dtype, false, "same_kind");
+    } else {
+        try {
+            t = tensor_from_array(obj, want.dtype, false, "same_kind");
+        } catch (const Error& e) {
+            fail(group, ".", field, ": ", e.what(), "; the field is ", want.str());
+        }
+    }
     if (!(t.schema() == want))
         fail(group, ".", field, ": expected ", want.str(), ", got ", t.schema().str());
     return t;
@@ -144,11 +235,6 @@ RaggedTensor adapt(const RaggedTensor& t, const ast::TypeExpr& decl, bool batche
 std::string type_name(py::handle obj) {
     return py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
 }
-
-// A params group's fields in order (dotted name, schema), by group type name: built from the
-// program's declarations once per module, as a call converts a dict of arrays field by field.
-using RecordLeaves =
-    std::map<std::string, std::vector<std::pair<std::string, Schema>>, std::less<>>;
 
 // What one call knows while converting its arguments: the batch names of the signature, the
 // dtypes its type parameters are bound to (by rag.Tensor arguments, then by inference), and
@@ -283,27 +369,18 @@ std::string fspath(py::handle path, const char* what) {
 
 // ---- modules --------------------------------------------------------------------------------
 
-// Module keeps a specialisation cache and stats that calls update, so calls on one module are
-// serialised by `mu` (taken with the GIL released); different modules run in parallel.
-struct PyModule {
-    std::shared_ptr<Module> mod;
-    std::string path;
-    std::mutex mu;
-    RecordLeaves records; // read and filled with the GIL held
-};
-using PyModulePtr = std::shared_ptr<PyModule>;
-
 const ast::FnDecl& find_fn(const PyModule& m, const std::string& name) {
     auto [fn, file] = m.mod->program().find_fn(name);
     if (!fn) throw py::attribute_error("module " + m.path + " has no function '" + name + "'");
     return *fn;
 }
 
+// `callee` names the call in errors of counts and keywords: "f()", "f.call_saving()".
 std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args& args,
-                             const py::kwargs& kwargs) {
+                             const py::kwargs& kwargs, const std::string& callee) {
     const std::size_t n = fn.params.size();
     if (args.size() > n)
-        throw py::type_error(fn.name + "() takes " + std::to_string(n) + " arguments but " +
+        throw py::type_error(callee + " takes " + std::to_string(n) + " arguments but " +
                              std::to_string(args.size()) + " were given");
     std::vector<py::object> slots(n);
     for (std::size_t k = 0; k < args.size(); ++k) slots[k] = args[k];
@@ -312,9 +389,9 @@ std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args&
         std::size_t k = 0;
         while (k < n && fn.params[k].name != name) ++k;
         if (k == n)
-            throw py::type_error(fn.name + "() got an unexpected keyword argument '" + name + "'");
+            throw py::type_error(callee + " got an unexpected keyword argument '" + name + "'");
         if (slots[k])
-            throw py::type_error(fn.name + "() got multiple values for argument '" + name + "'");
+            throw py::type_error(callee + " got multiple values for argument '" + name + "'");
         slots[k] = py::reinterpret_borrow<py::object>(value);
     }
     Binding bind{batch_names(fn), {}, m.records};
@@ -328,7 +405,7 @@ std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args&
     for (std::size_t k = 0; k < n; ++k) {
         const std::string what = fn.name + ": argument " + fn.params[k].name;
         if (!slots[k])
-            throw py::type_error(fn.name + "() missing argument '" + fn.params[k].name + "'");
+            throw py::type_error(callee + " missing argument '" + fn.params[k].name + "'");
         try {
             vals.push_back(to_value(slots[k], fn.params[k].type, bind, m.mod->program(), what));
         } catch (py::error_already_set& e) {
@@ -347,7 +424,7 @@ std::vector<Value> bind_args(PyModule& m, const ast::FnDecl& fn, const py::args&
 py::object call(PyModule& m, const std::string& name, const py::args& args,
                 const py::kwargs& kwargs) {
     const ast::FnDecl& fn = find_fn(m, name);
-    std::vector<Value> vals = bind_args(m, fn, args, kwargs);
+    std::vector<Value> vals = bind_args(m, fn, args, kwargs, name + "()");
     Value out;
     {
         py::gil_scoped_release nogil;
@@ -360,26 +437,13 @@ py::object call(PyModule& m, const std::string& name, const py::args& args,
 std::string ir_of(PyModule& m, const std::string& name, const py::args& args) {
     const ast::FnDecl& fn = find_fn(m, name);
     std::optional<std::vector<Value>> vals;
-    if (!args.empty()) vals = bind_args(m, fn, args, py::kwargs());
+    if (!args.empty()) vals = bind_args(m, fn, args, py::kwargs(), name + ".ir()");
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(m.mu);
     return m.mod->ir(name, vals);
 }
 
-// A function of a module, callable from Python.
-struct PyFunction {
-    PyModulePtr mod;
-    std::string name;
-};
-
 // ---- reverse mode (Function.vjp, Function.call_saving) ---------------------------------------
-
-// What a call_saving keeps for its backward: the module stays alive with it.
-struct PySaved {
-    PyModulePtr mod;
-    std::shared_ptr<const Module::Saved> saved;
-    std::string name;
-};
 
 // A cotangent from Python: None (zero), a rag.Tensor, a rag.Params, an array or a number (an
 // unbatched tensor), or a tuple of these.
@@ -424,19 +488,30 @@ py::tuple gradients(const std::vector<std::optional<Value>>& grads) {
 }
 
 py::tuple vjp_of(PyModule& m, const std::string& name, py::args args, py::kwargs kwargs) {
+    const ast::FnDecl& fn = find_fn(m, name);
+    // Errors of counts describe vjp's own signature: the function's arguments, then the
+    // cotangents ("f.vjp(x, p, cotangents)"), not the function's with one argument taken away.
+    std::string sig = name + ".vjp(";
+    for (const auto& p : fn.params) sig += p.name + ", ";
+    sig += "cotangents)";
     py::object cts;
     if (kwargs.contains("cotangents")) {
         cts = kwargs["cotangents"];
         kwargs.attr("pop")("cotangents");
-    } else if (!args.empty()) {
+    } else {
+        const std::size_t n = fn.params.size(), given = args.size() + kwargs.size();
+        if (given != n + 1)
+            throw py::type_error(sig + " takes " + std::to_string(n + 1) + " arguments (the " +
+                                 std::to_string(n) + " of " + name + ", then the cotangents) but " +
+                                 std::to_string(given) + " were given");
+        if (args.empty())
+            throw py::type_error(sig + " needs the cotangents last among the positional "
+                                       "arguments, or as cotangents=");
         cts = args[args.size() - 1];
         args = py::reinterpret_steal<py::args>(
             PyTuple_GetSlice(args.ptr(), 0, Py_ssize_t(args.size()) - 1));
-    } else {
-        throw py::type_error(name + ".vjp(*args, cotangents) needs the cotangents");
     }
-    const ast::FnDecl& fn = find_fn(m, name);
-    std::vector<Value> vals = bind_args(m, fn, args, kwargs);
+    std::vector<Value> vals = bind_args(m, fn, args, kwargs, name + ".vjp()");
     const bool tuple_result = fn.result && fn.result->kind == ast::TypeExpr::Kind::tuple;
     auto ct = cotangent_list(cts, tuple_result);
     std::vector<std::optional<Value>> grads;
@@ -451,7 +526,7 @@ py::tuple vjp_of(PyModule& m, const std::string& name, py::args args, py::kwargs
 py::tuple call_saving(const PyModulePtr& m, const std::string& name, const py::args& args,
                       const py::kwargs& kwargs) {
     const ast::FnDecl& fn = find_fn(*m, name);
-    std::vector<Value> vals = bind_args(*m, fn, args, kwargs);
+    std::vector<Value> vals = bind_args(*m, fn, args, kwargs, name + ".call_saving()");
     std::pair<Value, std::shared_ptr<const Module::Saved>> r;
     {
         py::gil_scoped_release nogil;
@@ -592,8 +667,7 @@ RaggedTensor from_padded(py::handle padded, py::handle lengths, py::handle ragge
         axes = axes_from_indices(py::make_tuple(0), extents);
     else
         axes = axes_from_indices(ragged_axes, extents);
-    py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> l(
-        np.attr("asarray")(lengths));
+    auto l = integer_array(lengths, "from_padded: lengths");
     std::vector<std::vector<std::int64_t>> lens;
     if (l.ndim() == 1)
         lens.emplace_back(l.data(), l.data() + l.size());
@@ -630,6 +704,12 @@ int logical_axis(const RaggedTensor& t, int axis) {
         throw py::index_error("axis " + std::to_string(axis) + " out of range for " +
                               t.schema().str());
     return axis;
+}
+
+// The __init__ of rag's classes: their instances come from rag's functions, and pybind11's own
+// "No constructor defined!" would not say which.
+template <class T, class Made = T> Made no_constructor(const py::args&, const py::kwargs&) {
+    fail(bind::Made<T>::name, " cannot be made directly; ", bind::Made<T>::how);
 }
 
 std::string format_of(DType t) {
@@ -699,6 +779,7 @@ PYBIND11_MODULE(_rag, m) {
 
 Built by rag.ragged, rag.tensor, rag.from_padded, rag.from_dlpack, or returned by a function.
 Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
+        .def(py::init(&no_constructor<RaggedTensor>))
         .def_buffer([](RaggedTensor& t) {
             py::array v = values_view(t);
             std::vector<py::ssize_t> shape(v.shape(), v.shape() + v.ndim()),
@@ -814,10 +895,18 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
              })
         .def(
             "__getitem__",
-            [](const RaggedTensor& t, std::int64_t i) {
+            [](const RaggedTensor& t, const Int& index) {
                 if (!t.shape().batched)
                     fail("indexing selects a sample; ", t.schema().str(), " is not batched");
-                return sample_array(t, i < 0 ? i + t.batch() : i);
+                int overflow = 0;
+                const std::int64_t i = PyLong_AsLongLongAndOverflow(index.value.ptr(), &overflow);
+                const std::int64_t k = i < 0 ? i + t.batch() : i;
+                // The message shows the index given (-3), not the one it counts as (-1).
+                if (overflow || k < 0 || k >= t.batch())
+                    throw py::index_error("sample index " + index.str() +
+                                          " out of range for a batch of " +
+                                          std::to_string(t.batch()));
+                return sample_array(t, k);
             },
             "Sample i as a NumPy array (a view).")
         .def("__iter__",
@@ -856,6 +945,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
     // ---- Params -----------------------------------------------------------------------------
     py::class_<Params>(m, "Params",
                        "A params record: a mapping from field names to NumPy arrays (views).")
+        .def(py::init(&no_constructor<Params>))
         .def_readonly("name", &Params::record, "The params group, e.g. 'PairBlock'.")
         .def("__getitem__",
              [](Params& p, const std::string& k) {
@@ -925,19 +1015,23 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             "Write a safetensors checkpoint: one tensor per (dotted) field name, written to a "
             "temporary file and renamed over `path`.")
         .def(py::pickle(
-            [](const Params& p) {
+            [](const Params& p) -> py::object {
                 py::list fields;
                 for (const auto& [n, t] : p.fields) fields.append(py::make_tuple(n, t));
                 return py::make_tuple(p.record, fields);
             },
-            [](const py::tuple& s) {
-                if (s.size() != 2) fail("rag.Params state: expected (name, fields)");
+            [](const py::object& state) {
+                if (!py::isinstance<py::tuple>(state) || py::len(state) != 2 ||
+                    !py::isinstance<py::list>(state[py::int_(1)]))
+                    fail("rag.Params state: expected (name, [fields])");
+                py::tuple s = py::reinterpret_borrow<py::tuple>(state);
                 Params p;
                 p.record = py::str(s[0]).cast<std::string>();
                 for (py::handle f : s[1]) {
-                    py::tuple nt = py::reinterpret_borrow<py::tuple>(f);
-                    if (nt.size() != 2 || !py::isinstance<RaggedTensor>(nt[1]))
+                    if (!py::isinstance<py::tuple>(f) || py::len(f) != 2 ||
+                        !py::isinstance<RaggedTensor>(f[py::int_(1)]))
                         fail("rag.Params state: a field is not (name, rag.Tensor)");
+                    py::tuple nt = py::reinterpret_borrow<py::tuple>(f);
                     p.fields.emplace_back(py::str(nt[0]).cast<std::string>(),
                                           nt[1].cast<RaggedTensor>());
                 }
@@ -954,6 +1048,7 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
     // ---- Module and Function ----------------------------------------------------------------
     py::class_<PyFunction>(
         m, "Function", "A function of a rag module; calling it compiles on first use per schema.")
+        .def(py::init(&no_constructor<PyFunction>))
         .def("__call__", [](PyFunction& f, py::args args,
                             py::kwargs kwargs) { return call(*f.mod, f.name, args, kwargs); })
         .def_readonly("name", &PyFunction::name)
@@ -985,11 +1080,13 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
 
     py::class_<PySaved>(m, "Saved",
                         "What Function.call_saving kept for the reverse pass of one call.")
+        .def(py::init(&no_constructor<PySaved>))
         .def("backward", &saved_backward, "cotangents"_a,
              "The gradients of the saved call for these cotangents (see Function.vjp).");
 
     py::class_<PyModule, PyModulePtr>(m, "Module",
                                       "A loaded .rag program; its functions are attributes.")
+        .def(py::init(&no_constructor<PyModule, PyModulePtr>))
         .def_readonly("path", &PyModule::path)
         .def_property(
             "tier",
@@ -1065,15 +1162,22 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             "name"_a)
         .def(
             "init",
-            [](PyModule& pm, const std::string& name, std::uint64_t seed) {
+            [](PyModule& pm, const std::string& name, const Int& seed) {
+                const unsigned long long s = PyLong_AsUnsignedLongLong(seed.value.ptr());
+                if (PyErr_Occurred()) { // negative, or 2**64 or more
+                    PyErr_Clear();
+                    fail("rag.Module.init: seed must be an integer in [0, 2**64), got ",
+                         seed.str());
+                }
                 Value v;
                 {
                     py::gil_scoped_release nogil;
-                    v = pm.mod->init(name, seed);
+                    v = pm.mod->init(name, s);
                 }
                 return Params::of(v);
             },
-            "name"_a, "seed"_a = 0, "Deterministic initialisation of a params group.")
+            "name"_a, "seed"_a = 0,
+            "Deterministic initialisation of a params group; seed: an integer in [0, 2**64).")
         .def(
             "load_params",
             [](PyModule& pm, const std::string& type, py::object path) {
@@ -1200,8 +1304,21 @@ dtype: a rag dtype name or NumPy dtype (default: the samples' own; uint16 means 
         R"(Inverse of to_padded: padded is [B, envelope...]; lengths is B extents (one ragged axis)
 or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [0]).)");
     m.def(
-        "set_num_threads", [](int n) { set_num_threads(n); }, "n"_a,
-        "Threads rag's kernels use from now on (RAG_NUM_THREADS at start; 0: every core). "
+        "set_num_threads",
+        [](const Int& n) {
+            // runtime/parallel.cpp cuts a call into at most 64 chunks, so no call ever runs on
+            // more threads; a larger count is taken as 64, and num_threads() says so.
+            constexpr long long most = 64;
+            int overflow = 0;
+            const long long k = PyLong_AsLongLongAndOverflow(n.value.ptr(), &overflow);
+            if (overflow < 0 || (!overflow && k < 0))
+                fail("rag.set_num_threads: n must be 0 (every core) or a positive count, got ",
+                     n.str());
+            set_num_threads(int(overflow ? most : std::min(k, most)));
+        },
+        "n"_a,
+        "Threads rag's kernels use from now on (RAG_NUM_THREADS at start; 0: every core); "
+        "counts above 64, the most chunks a kernel's work is cut into, are taken as 64. "
         "Results are bitwise the same for any count.");
     m.def("num_threads", &num_threads, "Threads rag's kernels use.");
     m.def(

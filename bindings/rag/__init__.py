@@ -14,8 +14,10 @@ def example(name):
     import os
 
     folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples")
-    path = os.path.join(folder, name)
-    if not os.path.isfile(path):
-        shipped = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    shipped = []
+    if os.path.isdir(folder):
+        shipped = sorted(f for f in os.listdir(folder) if f.endswith(".rag"))
+    # Only a shipped name: "../__init__.py" or "/etc/passwd" would join to a path outside.
+    if name not in shipped:
         raise Error(f"rag.example: no example '{name}' (shipped: {', '.join(shipped)})")
-    return path
+    return os.path.join(folder, name)

@@ -166,7 +166,7 @@ def test_bad_cotangents_are_clear_errors():
         m.g.vjp(x, labels, p, s, (1.0, None))
     with pytest.raises(rag.Error, match="give one cotangent per element"):
         m.g.vjp(x, labels, p, s, 1.0)
-    with pytest.raises(TypeError, match="needs the cotangents"):
+    with pytest.raises(TypeError, match=r"takes 3 arguments \(the 2 of f, then the cotangents\)"):
         m.f.vjp()
     # The module survives and still computes.
     gx, _ = m.f.vjp(x, p, rag.ragged([np.ones((n, 3), np.float32) for n in LENGTHS]))
