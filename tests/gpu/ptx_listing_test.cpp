@@ -113,7 +113,7 @@ TEST(RagPtx, ARelposTrainingStepListsEveryKernelAndEachAssembles) {
 TEST(RagPtx, BadUseIsAnErrorExit) {
     ASSERT_TRUE(fs::exists(cli)) << cli;
     const std::string file = (root / "examples/relpos_encoder.rag").string();
-    EXPECT_EQ(run("ptx '" + file + "' 2>/dev/null").status, 1);           // no --fn
+    EXPECT_EQ(run("ptx '" + file + "' 2>/dev/null").status, 2);           // no --fn: usage
     EXPECT_EQ(run("ptx '" + file + "' --fn nope 2>/dev/null").status, 1); // no such fn
     EXPECT_EQ(run("ptx '" + file + "' --fn loss_deberta --arch sm_70 2>/dev/null").status, 1);
 }
