@@ -331,9 +331,12 @@ std::string match_type(const Program& prog, const VType& actual, const ast::Type
             if (it == b.dims.end()) {
                 b.dims[d.name] = x;
             } else if (!(it->second == x)) {
-                return mismatch + " (" + d.name + " was bound to " +
-                       (it->second.kind == AxisKind::fixed ? std::to_string(it->second.extent)
-                                                           : it->second.name) +
+                const std::string was = it->second.kind == AxisKind::fixed
+                                            ? std::to_string(it->second.extent)
+                                            : it->second.name;
+                // "N was bound to N" would say nothing the types do not (a result's check).
+                if (was == d.name) return mismatch;
+                return mismatch + " (" + d.name + " was bound to " + was +
                        " by an earlier argument)";
             }
         }
