@@ -343,6 +343,12 @@ void Session::command(const std::shared_ptr<SourceFile>& src) {
 }
 
 void Session::cmd_type(const std::shared_ptr<SourceFile>& src, std::uint32_t begin) {
+    // A function's type is its signature (a function is not a value an expression gives).
+    if (auto [fn, file] = base_->program().find_fn(trim(src->text().substr(begin))); fn && file) {
+        const std::string decl = file->text().substr(fn->span.begin, fn->span.end - fn->span.begin);
+        say(one_line(decl.substr(0, decl.find('{'))) + "\n");
+        return;
+    }
     auto p = prepare(src, begin, std::uint32_t(src->text().size()), true);
     if (!p) return;
     if (p->direct) {
