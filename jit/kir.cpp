@@ -291,31 +291,54 @@ Kernel Builder::finish() {
     return k_;
 }
 
+std::optional<std::int64_t> integer_op(Op op, std::int64_t a, std::int64_t b) {
+    switch (op) {
+    case Op::add:
+        return a + b;
+    case Op::sub:
+        return a - b;
+    case Op::mul:
+        return a * b;
+    case Op::div:
+        return b ? std::optional(a / b) : std::nullopt;
+    case Op::rem:
+        return b ? std::optional(a % b) : std::nullopt;
+    case Op::min:
+        return std::min(a, b);
+    case Op::max:
+        return std::max(a, b);
+    case Op::lt:
+        return a < b;
+    case Op::le:
+        return a <= b;
+    case Op::gt:
+        return a > b;
+    case Op::ge:
+        return a >= b;
+    case Op::eq:
+        return a == b;
+    case Op::ne:
+        return a != b;
+    case Op::and_:
+        return a && b;
+    case Op::or_:
+        return a || b;
+    default:
+        return std::nullopt;
+    }
+}
+
 std::int64_t evaluate(const Expr& e, std::span<const std::int64_t> params) {
     const Node& n = e.node();
-    auto arg = [&](std::size_t k) { return evaluate(n.args[k], params); };
-    switch (n.op) {
-    case Op::const_int:
-        return n.i;
-    case Op::param:
-        return params[std::size_t(n.i)];
-    case Op::add:
-        return arg(0) + arg(1);
-    case Op::sub:
-        return arg(0) - arg(1);
-    case Op::mul:
-        return arg(0) * arg(1);
-    case Op::div:
-        return arg(0) / arg(1);
-    case Op::rem:
-        return arg(0) % arg(1);
-    case Op::min:
-        return std::min(arg(0), arg(1));
-    case Op::max:
-        return std::max(arg(0), arg(1));
-    default:
-        fail("kernel IR: a scratch size may use only parameters, constants and + - * / min max");
-    }
+    if (n.op == Op::const_int) return n.i;
+    if (n.op == Op::param) return params[std::size_t(n.i)];
+    const bool arithmetic = n.op == Op::add || n.op == Op::sub || n.op == Op::mul ||
+                            n.op == Op::div || n.op == Op::rem || n.op == Op::min ||
+                            n.op == Op::max;
+    if (arithmetic)
+        if (auto v = integer_op(n.op, evaluate(n.args[0], params), evaluate(n.args[1], params)))
+            return *v;
+    fail("kernel IR: a scratch size may use only parameters, constants and + - * / min max");
 }
 
 namespace {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -210,6 +211,9 @@ class Builder {
 
 // The value of an expression over parameters and constants (scratch sizes, on the host).
 std::int64_t evaluate(const Expr& e, std::span<const std::int64_t> params);
+// A binary integer op on the host (arithmetic, min, max, comparisons and logic as 0 or 1);
+// nullopt for any other op and for a division or remainder by zero.
+std::optional<std::int64_t> integer_op(Op op, std::int64_t a, std::int64_t b);
 std::string print(const Kernel& k);
 
 } // namespace rag::kir

@@ -75,41 +75,7 @@ class Analysis {
         }
         if (n.args.size() != 2 || n.args[0].type() == kir::Type::f32) return std::nullopt;
         const Value a = arg(0), b = arg(1);
-        if (!a || !b) return std::nullopt;
-        switch (n.op) {
-        case Op::add:
-            return *a + *b;
-        case Op::sub:
-            return *a - *b;
-        case Op::mul:
-            return *a * *b;
-        case Op::div:
-            return *b ? Value(*a / *b) : std::nullopt;
-        case Op::rem:
-            return *b ? Value(*a % *b) : std::nullopt;
-        case Op::min:
-            return std::min(*a, *b);
-        case Op::max:
-            return std::max(*a, *b);
-        case Op::lt:
-            return *a < *b;
-        case Op::le:
-            return *a <= *b;
-        case Op::gt:
-            return *a > *b;
-        case Op::ge:
-            return *a >= *b;
-        case Op::eq:
-            return *a == *b;
-        case Op::ne:
-            return *a != *b;
-        case Op::and_:
-            return *a && *b;
-        case Op::or_:
-            return *a || *b;
-        default:
-            return std::nullopt;
-        }
+        return a && b ? kir::integer_op(n.op, *a, *b) : std::nullopt;
     }
 
     bool shared(int buf) const { return k_.buffers[std::size_t(buf)].space == kir::Space::shared; }
