@@ -523,7 +523,9 @@ TEST(RelposFused, SplitBackwardKeepsTheGradientBitsOfWholeSamples) {
 TEST(RelposFused, SplitBackwardHalvesPartsWithinTheBudget) {
     const Dims dm;
     const std::vector<std::int64_t> lengths = {257, 1, 130, 0, 63};
-    const auto m = deberta(dm);
+    // An identity map (U = 2 x 264 - 1 rows, more than any part reaches), so WP is each
+    // split's own reach rather than U.
+    const auto m = transformer_xl(longest(lengths) + 7);
     const auto in = cast(make_inputs(m, lengths, dm), DType::f32);
     auto parts_of = [&](std::int64_t pieces, double budget) {
         jit::RelposSetup s = jit::relpos_setup(in, m.attrs, "relpos_attention", false);
@@ -533,23 +535,22 @@ TEST(RelposFused, SplitBackwardHalvesPartsWithinTheBudget) {
             runs.push_back({s.parts[t + 1], s.parts[t + 2], s.parts[t + 3]});
         return std::pair{runs, s.WP};
     };
-    const std::int64_t U = 2 * m.map.saturation() + 1;
     using Runs = std::vector<std::vector<std::int64_t>>;
     // Whole samples (4 x 2 heads = 8 instances are enough), every sample's one part.
     auto [whole, wp_whole] = parts_of(8, 1e12);
     EXPECT_EQ(whole, (Runs{{257, 0, 257}, {1, 0, 1}, {130, 0, 130}, {63, 0, 63}}));
-    EXPECT_EQ(wp_whole, std::min<std::int64_t>(2 * 257 - 1, U));
+    EXPECT_EQ(wp_whole, 2 * 257 - 1);
     // 10 instances: halved once, 5 strips -> 3 per part (5 parts x 2 heads).
     auto [halved, wp_halved] = parts_of(10, 1e12);
     EXPECT_EQ(halved,
               (Runs{{257, 0, 192}, {257, 192, 257}, {1, 0, 1}, {130, 0, 130}, {63, 0, 63}}));
-    EXPECT_EQ(wp_halved, std::min<std::int64_t>(192 + 257 - 1, U));
+    EXPECT_EQ(wp_halved, 192 + 257 - 1);
     // Many instances: one strip per part.
     auto [strips, wp_strips] = parts_of(1000, 1e12);
     EXPECT_EQ(strips.size(), 5u + 3u + 1u + 1u);
     for (const auto& r : strips) EXPECT_EQ(r[1] % 64, 0) << "parts start at strips";
-    EXPECT_EQ(wp_strips, std::min<std::int64_t>(64 + 257 - 1, U));
-    // No budget beyond whole samples: a clipped map's partials only grow, so no split.
+    EXPECT_EQ(wp_strips, 64 + 257 - 1);
+    // No budget beyond whole samples: split parts' partials take more, so no split.
     EXPECT_EQ(parts_of(1000, 0).first, whole);
 }
 
