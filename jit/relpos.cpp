@@ -254,7 +254,8 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
             ptr(in[0]),          ptr(in[1]),          ptr(in[2]),          table(s->eq),
             table(s->ek),        table(s->eb),        s->parts.data(),     ptr(dO),
             ptr(fwd->out),       fwd->lse.data.get(), g[0].mutable_data(), g[1].mutable_data(),
-            g[2].mutable_data(), zq.data(),           zb.data(),           qrange.data()};
+            g[2].mutable_data(), zq.data(),           zb.data(),           zk.data(),
+            qrange.data()};
         if (sh.saved)
             for (auto* b : {&qbufs, &kbufs, &bufs})
                 b->insert(b->end(), {fwd->zqs.data.get(), fwd->zks.data.get()});
@@ -266,7 +267,8 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
             kernel(Pass::key_grad, *s).launch(s->part_count() * s->H, kbufs, s->params());
         }
         Floats* partial[] = {&zq, &zk, &zb};
-        std::vector<std::int64_t>* ranges[] = {&qrange, &krange, &qrange};
+        // One pass writes one range per part (a whole sample's keys reach its queries' rows).
+        std::vector<std::int64_t>* ranges[] = {&qrange, one ? &qrange : &krange, &qrange};
         for (int t : {AQ, AK, BIAS}) {
             if (!s->cfg.has[t]) continue;
             const RaggedTensor& table = in[std::size_t(s->cfg.table_at[t])];

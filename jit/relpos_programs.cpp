@@ -411,20 +411,26 @@ struct Program {
             full, rows, [&](Expr r) { pass(r, 1); }, Loop::threads);
     }
 
-    // acc[r] += sum_w dZ[r][w] table[lo + w] over the strip's reachable rows, for every strip
-    // row r < rows: the relation term of dQ (tables eq) or dK (ek).
-    void fold_rows(int acc, Expr rows, int dZ, Expr lo, Expr count, int tab) {
+    // acc(r, x) += sum_w dZ[r][w] table[lo + w][x] over the reachable rows (dZ's rows `stride`
+    // apart), for every row r < rows: the relation term of dQ (tables eq) or dK (ek).
+    void fold_rows(int acc, const std::function<Expr(Expr, Expr)>& acc_at, Expr rows, int dZ,
+                   Expr stride, Expr lo, Expr count, int tab) {
         blocked_rows(
-            rows, count, s.D, acc, [&](Expr r, Expr x) { return r * s.D + x; },
-            [&](Expr r, Expr w) { return b.load(dZ, r * W + w); },
+            rows, count, s.D, acc, acc_at,
+            [&](Expr r, Expr w) { return b.load(dZ, r * stride + w); },
             [&](Expr w, Expr x) { return b.load(tab, table(lo + w, x)); });
     }
-    // The strip's share of a table gradient, added at rows `at` + w of the sample's partial
-    // for w < count: part[w] += sum_r dZ[r][w] src[r] (src: the strip's staged q or k rows).
-    void add_partial(int part, Expr at, Expr count, int dZ, Expr rows, int src) {
+    void fold_rows(int acc, Expr rows, int dZ, Expr lo, Expr count, int tab) {
+        fold_rows(
+            acc, [&](Expr r, Expr x) { return r * s.D + x; }, rows, dZ, W, lo, count, tab);
+    }
+    // A share of a table gradient, added at rows `at` + w of the sample's partial for
+    // w < count: part[w] += sum_r dZ[r][w] src[r] (src: the staged q or k rows; dZ's rows
+    // `stride` apart, W for a strip's).
+    void add_partial(int part, Expr at, Expr count, int dZ, Expr rows, int src, Expr stride) {
         blocked_rows(
             count, rows, s.D, part, [&](Expr w, Expr x) { return (at + w) * s.D + x; },
-            [&](Expr w, Expr r) { return b.load(dZ, r * W + w); },
+            [&](Expr w, Expr r) { return b.load(dZ, r * stride + w); },
             [&](Expr r, Expr x) { return b.load(src, r * s.D + x); });
     }
     // D_i = dO_i . O_i of strip row g (FlashAttention's row term of dS), dO staged in dOs.
@@ -440,16 +446,18 @@ struct Program {
     struct Partials {
         Expr slo, sw, part;
     };
-    Partials query_partials(int zq_part, int zb_part) {
+    // With zk_part (the one-pass backward's key-side partials, whose rows are the same for a
+    // whole sample) that one is zeroed too.
+    Partials query_partials(int zq_part, int zb_part, int zk_part = -1) {
         Expr slo = b.let(row(s.causal ? Expr(0) : start - n + 1), "slo");
         Expr sw = b.let(row(end - 1) - slo + 1, "sw");
         Expr part = b.let(tile * H + h, "part");
         b.loop(
             0, sw,
             [&](Expr w) {
-                if (s.aq)
-                    b.loop(0, s.D,
-                           [&](Expr x) { b.store(zq_part, (part * WP + w) * s.D + x, 0.0); });
+                for (int z : {s.aq ? zq_part : -1, s.ak ? zk_part : -1})
+                    if (z >= 0)
+                        b.loop(0, s.D, [&](Expr x) { b.store(z, (part * WP + w) * s.D + x, 0.0); });
                 if (s.bias) b.store(zb_part, part * WP + w, 0.0);
             },
             Loop::threads);
@@ -502,7 +510,7 @@ struct Program {
                        [&](Expr x) { b.store(dq, at(i0 + g, x, s.D), b.load(dQ, g * s.D + x)); });
             },
             Loop::threads);
-        if (s.aq) add_partial(zq_part, part_at, wq, dZ, rows, Qs);
+        if (s.aq) add_partial(zq_part, part_at, wq, dZ, rows, Qs, W);
         if (s.bias)
             b.loop(0, rows, [&](Expr g) {
                 b.loop(
@@ -929,14 +937,14 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                 });
             },
             Loop::threads);
-        if (s.ak) p.add_partial(zk_part, part * p.WP + klo - slo, wk, dZ, cols, Ks);
+        if (s.ak) p.add_partial(zk_part, part * p.WP + klo - slo, wk, dZ, cols, Ks, p.W);
     });
     p.store_range(range, slo, sw);
     return b.finish();
 }
 
 bool relpos_one_pass_backward(const RelposShape& s) {
-    return s.dtype == DType::f32 && !s.ak && !s.tensor_cores;
+    return s.dtype == DType::f32 && !s.tensor_cores;
 }
 
 kir::Kernel relpos_grad_program(const RelposShape& s) {
@@ -948,6 +956,7 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
     const int dO = b.buffer("dO", f32), out = b.buffer("out", f32), lse = b.buffer("lse", f32);
     const int dq = b.buffer("dq", f32), dk = b.buffer("dk", f32), dv = b.buffer("dv", f32);
     const int zq_part = b.buffer("zq_part", f32), zb_part = b.buffer("zb_part", f32);
+    const int zk_part = b.buffer("zk_part", f32);
     const int range = b.buffer("range", kir::Elem::i64);
     p.saved_buffers();
     // The query pass's scratch, with the strip's rows also row-major (Qs) for dK.
@@ -958,10 +967,15 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
     const int Ks = p.staged("Ks", J * s.D), Vs = p.staged("Vs", J * s.Dv);
+    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
+    // A tile pair's key-side score gradients by offset: per key, the pair's rows from klo.
+    const int dZK = b.scratch("dZK", p.sized(s.ak, J * p.WJ));
     const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
     p.own_part(); // a whole sample (start 0, end n): see relpos_split_backward
     Expr n = p.n;
-    auto [slo, sw, part] = p.query_partials(zq_part, zb_part);
+    // A whole sample's keys reach the rows its queries do, so both sides' partials start at slo.
+    auto [slo, sw, part] = p.query_partials(zq_part, zb_part, zk_part);
     // dK and dV accumulate in place over the strips, in strip order.
     b.loop(
         0, n,
@@ -990,10 +1004,11 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
         if (p.projects_q()) p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-            auto [j0, cols, klo, saturated] = p.key_tile(t, i0, rows, kend, Ks, -1, Vs, -1);
+            auto [j0, cols, klo, saturated] =
+                p.key_tile(t, i0, rows, kend, Ks, p.projects_k() ? KsT : -1, Vs, ZK);
             p.products(S, cols, Ks, QsT, s.D);
             p.products(dP, cols, Vs, dOsT, s.Dv);
-            p.score_grads({S, dP, Lg, Dg, ZQ, -1, by_row ? dZ : -1}, i0, rows, qlo, j0, cols, klo,
+            p.score_grads({S, dP, Lg, Dg, ZQ, ZK, by_row ? dZ : -1}, i0, rows, qlo, j0, cols, klo,
                           saturated, true);
             // S holds the score gradients dS now and dP the probabilities P, [key][query]:
             // dQ += dS K, dV += P^T dO, dK += dS^T Q (the key pass's sums, in its order).
@@ -1009,6 +1024,22 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
                 cols, rows, s.D, dk, [&](Expr jj, Expr x) { return p.at(j0 + jj, x, s.D); },
                 [&](Expr jj, Expr g) { return b.load(S, jj * J + g); },
                 [&](Expr g, Expr x) { return b.load(Qs, g * s.D + x); });
+            if (!s.ak) return;
+            // The key-side relation terms of this pair, folded here because a later strip
+            // revisits these keys: dZK by offset over the pair's rows [klo, klo + wk), then
+            // dK += dZK aK in place and the pair's share of the table gradient dZK^T K.
+            Expr wk = b.let(p.row(i0 + rows - 1 - j0) - klo + 1, "wk");
+            b.loop(
+                0, cols,
+                [&](Expr jj) {
+                    b.loop(0, wk, [&](Expr w) { b.store(dZK, jj * p.WJ + w, 0.0); });
+                    p.by_offset(dZK, jj * p.WJ - klo, S, jj * J, 1, rows, i0 - (j0 + jj), 1);
+                },
+                Loop::threads);
+            p.fold_rows(
+                dk, [&](Expr jj, Expr x) { return p.at(j0 + jj, x, s.D); }, cols, dZK, p.WJ, klo,
+                wk, p.ek);
+            p.add_partial(zk_part, part * p.WP + klo - slo, wk, dZK, cols, Ks, p.WJ);
         });
         p.finish_query_strip(dQ, dq, i0, rows, dZ, qlo, wq, zq_part, zb_part,
                              part * p.WP + qlo - slo, Qs);
@@ -1134,6 +1165,7 @@ RelposFlops relpos_executed_flops(const RelposShape& s, const std::vector<std::i
                 if (pk) bw += prod(khi - klo + 1, D);
                 bw += prod(cols, D) + prod(cols, Dv) + 2.0 * double(rows * cols) * D;
                 if (one_pass) bw += 2.0 * double(rows * cols) * (Dv + D); // dV, dK in place
+                if (one_pass && s.ak) bw += 2 * 2.0 * double(cols * (khi - klo + 1)) * D; // dZK
             }
             if (s.aq) bw += 2 * 2.0 * double(rows * wq) * D; // fold_rows, add_partial
         }

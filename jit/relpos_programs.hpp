@@ -77,12 +77,13 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s);
 // head, looping over the sample's query strips and, per strip, its key tiles, with five tile
 // products per pair (S = Q K^T and dP = dO V^T once, then dQ += dS K, dV += P^T dO, dK += dS^T Q)
 // where the two passes above take seven and project the query-side relation rows twice. dK and dV
-// accumulate in place in their outputs, strip by strip, in the key pass's order. Buffers q, k, v,
-// eq, ek, eb, parts, dO, out, lse, dq, dk, dv, zq_part, zb_part, range. Only for f32 shapes without
-// key-side tables (relpos_one_pass_backward): dK's relation term needs the whole row window of
-// each key, which the two passes' key strips have and a query strip does not, and in-place
-// sums in f16 or bf16 outputs would round at every strip. The GPU keeps the two passes (and
-// tensor cores) until one pass can be measured on a device.
+// accumulate in place in their outputs, strip by strip, in the key pass's order. Key-side tables
+// are folded per tile pair, since a later strip revisits the same keys: dS by offset over the
+// pair's rows (dZK), then dK += dZK aK in place and dZK^T K into the sample's partial. Buffers q,
+// k, v, eq, ek, eb, parts, dO, out, lse, dq, dk, dv, zq_part, zb_part, zk_part, range (one range:
+// a whole sample's keys and queries reach the same rows). Only for f32 (relpos_one_pass_backward):
+// in-place sums in f16 or bf16 outputs would round at every strip. The GPU keeps the two passes
+// (and tensor cores) until one pass can be measured on a device.
 kir::Kernel relpos_grad_program(const RelposShape& s);
 bool relpos_one_pass_backward(const RelposShape& s);
 // Fixed-order reduction of the backward's per-part partials into expanded-table gradients:

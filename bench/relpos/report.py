@@ -146,6 +146,64 @@ def executed(records, peaks):
     return lines
 
 
+def targets(records, peaks):
+    """Issue 20's targets cell by cell: rag fused at least 3x the best peer, and executed FLOP/s
+    at least 60% (forward) / 50% (backward) of the measured SGEMM rate at N >= 1K. A missed speed
+    cell says what 3x would take: rag's executed FLOPs per credited FLOP times three times the
+    best peer's credited rate, as a % of SGEMM, so a cell needing ~100% or more cannot be met
+    without executing fewer FLOPs."""
+    by = {(r["mechanism"], r["system"], r["pass"], r["N"]): r for r in records}
+    sgemm = max((p["gflops"] for p in peaks if p["measure"].startswith("sgemm")), default=None)
+    fused = [r for r in records if r["system"] == "rag fused" and r.get("ms")]
+    if not fused:
+        return []
+    lengths = sorted({r["N"] for r in fused})
+    head = ["", "pass", "target"] + [n_label(n) for n in lengths]
+    lines = ["### Targets (issue 20), cell by cell", "",
+             "speed: rag fused's time ratio over the best PyTorch peer (target >= 3x); where missed, "
+             "the executed GFLOP/s 3x would take and its % of the measured SGEMM rate. "
+             "efficiency: executed FLOP/s as a % of SGEMM at N >= 1K (target 60% forward, 50% "
+             "backward). met / MISSED.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    met = missed = 0
+    for m in dict.fromkeys(r["mechanism"] for r in fused):
+        for p in ("F", "B"):
+            speed, eff = [], []
+            for n in lengths:
+                r = by.get((m, "rag fused", p, n))
+                peers = [by.get((m, s, p, n)) for s in PEERS]
+                peers = [q for q in peers if q and q.get("ms")]
+                if not r or not r.get("ms") or not peers:
+                    speed.append("–")
+                else:
+                    best = min(peers, key=lambda q: q["ms"])
+                    x = best["ms"] / r["ms"]
+                    if x >= 3:
+                        met += 1
+                        speed.append(f"met {x:.2f}x")
+                    else:
+                        missed += 1
+                        c = f"MISSED {x:.2f}x"
+                        if r.get("exec_gflops") and r.get("gflops") and best.get("gflops"):
+                            need = 3 * best["gflops"] * r["exec_gflops"] / r["gflops"]
+                            c += f": needs {fmt(need)}"
+                            if sgemm:
+                                c += f" ({100 * need / sgemm:.0f}% sgemm)"
+                        speed.append(c)
+                goal = 60 if p == "F" else 50
+                if n < 1024 or not r or not r.get("exec_gflops") or not sgemm:
+                    eff.append("–")
+                else:
+                    pct = 100 * r["exec_gflops"] / sgemm
+                    ok = pct >= goal
+                    met, missed = met + ok, missed + (not ok)
+                    eff.append(f"{'met' if ok else 'MISSED'} {pct:.0f}%")
+            lines.append("| " + " | ".join([m if p == "F" else "", p, "speed"] + speed) + " |")
+            lines.append("| " + " | ".join(["", p, "efficiency"] + eff) + " |")
+    lines += ["", f"{met} cells met, {missed} missed.", ""]
+    return lines
+
+
 def main():
     out, header = sys.argv[1], sys.argv[2]
     records, peaks = [], []
@@ -163,6 +221,7 @@ def main():
     lines += table(records, "mib", "Peak memory beyond the inputs (Table 12 layout)", "MiB, lower is better")
     lines += speedups(records)
     lines += executed(records, peaks)
+    lines += targets(records, peaks)
     lines += ["### Time per call (ms)", ""]
     lines += table(records, "ms", "Time", "ms per call")[2:]
     with open(out, "w") as f:
