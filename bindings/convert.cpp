@@ -56,6 +56,7 @@ py::array sample_view(const RaggedTensor& t, std::int64_t i) {
     auto strides = st.sample_strides(i);
     std::vector<py::ssize_t> sh(shape.begin(), shape.end()), str;
     for (auto s : strides) str.push_back(py::ssize_t(s * std::int64_t(es)));
+    t.expose(); // the view is writable: the values are the host's from now on
     return view(t.buffer(), t.dtype(), sh, str, std::size_t(st.sample_begin(i)) * es);
 }
 
@@ -253,8 +254,8 @@ Buffer buffer_of(const py::array& a, DType t) {
         auto* keep = new py::object(a);
         py::array owned = a;
         auto* p = static_cast<std::byte*>(owned.mutable_data());
-        return {std::shared_ptr<std::byte>(p, [keep](std::byte*) { release_object(keep); }),
-                nbytes};
+        return {std::shared_ptr<std::byte>(p, [keep](std::byte*) { release_object(keep); }), nbytes,
+                nullptr};
     }
     Buffer b = Buffer::allocate(nbytes);
     if (nbytes) {
@@ -290,6 +291,7 @@ std::vector<py::ssize_t> values_shape(const RaggedTensor& t) {
 py::array values_view(const RaggedTensor& t) {
     auto shape = values_shape(t);
     auto strides = c_strides(shape, dtype_size(t.dtype()));
+    t.expose(); // the view is writable: the values are the host's from now on
     return view(t.buffer(), t.dtype(), shape, strides, 0);
 }
 
@@ -624,7 +626,7 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
     // Read-only memory is copied: rag's views of a tensor's values are writable, so adopting it
     // would hand out write access the producer forbade (the rule buffer_of applies to arrays).
     if (contiguous && numel > 0 && element_aligned(data, es) && !in.read_only) {
-        buf = {std::shared_ptr<std::byte>(in.owner, data), std::size_t(numel) * es};
+        buf = {std::shared_ptr<std::byte>(in.owner, data), std::size_t(numel) * es, nullptr};
     } else {
         buf = Buffer::allocate(std::size_t(numel) * es);
         // Contiguous memory (misaligned or read-only) is one memcpy; the element loop is for

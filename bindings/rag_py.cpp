@@ -6,6 +6,7 @@
 #include "bindings/pickle.hpp"
 #include "dsl/module.hpp"
 #include "frontend/lower.hpp"
+#include "jit/kir_gpu.hpp"
 #include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 #include "runtime/memory.hpp"
@@ -837,6 +838,29 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
             },
             "axis"_a,
             "The extent of logical axis `axis` (1 = first per-sample axis) in every sample.")
+        .def_property_readonly(
+            "device", [](const RaggedTensor& t) { return t.device_copy() ? "cuda" : "cpu"; },
+            "'cuda' while the values have a current copy in GPU memory (a result of a "
+            "device='cuda' function, or to('cuda')), which a GPU call reads without an upload; "
+            "else 'cpu'. Host access keeps the copy, except writable views (values, to_list, "
+            "DLPack), after which the tensor is 'cpu'.")
+        .def(
+            "to",
+            [](const RaggedTensor& t, const std::string& device) {
+                if (device != "cpu" && device != "cuda")
+                    fail("to: unknown device '", device, "'; use 'cpu' or 'cuda'");
+                const bool resident = t.device_copy() != nullptr;
+                if ((device == "cuda") == resident) return t;
+                py::gil_scoped_release nogil;
+                if (device == "cuda") return jit::to_resident(t);
+                Buffer b = Buffer::allocate_uninitialized(t.buffer().nbytes);
+                if (b.nbytes) std::memcpy(b.data.get(), t.data(), b.nbytes);
+                return RaggedTensor(t.dtype(), t.structure_ptr(), std::move(b));
+            },
+            "device"_a,
+            "The tensor with its values on `device`: 'cuda' uploads them once (rag.Error 'CUDA "
+            "unavailable: ...' without a GPU), so GPU calls read them in place; 'cpu' a host "
+            "copy without the GPU one. Itself when already there.")
         .def("packed", &packed,
              "(values, lengths): the packed values (a zero-copy view, as `values`) and one int64 "
              "array of B extents per ragged name, in order; rag.from_packed's inverse.")
@@ -1229,13 +1253,16 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
                     out[py::str(fn)] =
                         py::dict("compilations"_a = st.compilations, "cache_hits"_a = st.cache_hits,
                                  "compile_seconds"_a = st.compile_seconds,
-                                 "disk_cache_hits"_a = st.disk_cache_hits, "steps"_a = steps);
+                                 "disk_cache_hits"_a = st.disk_cache_hits, "steps"_a = steps,
+                                 "uploaded_bytes"_a = st.uploaded_bytes,
+                                 "downloaded_bytes"_a = st.downloaded_bytes);
                 }
                 return out;
             },
             "{function: {'compilations', 'cache_hits', 'compile_seconds', 'disk_cache_hits', "
-            "'steps': {'compiled', 'reference': {op: n}, 'device', 'host': {op_dtype: n}}}} "
-            "(steps: the latest call)")
+            "'steps': {'compiled', 'reference': {op: n}, 'device', 'host': {op_dtype: n}}, "
+            "'uploaded_bytes', 'downloaded_bytes'}} (steps and bytes: the latest call; bytes: "
+            "copies to and from the GPU during it)")
         .def("__repr__", [](const PyModule& pm) {
             std::string s = "<rag.Module '" + pm.path + "':";
             for (const auto& f : pm.mod->functions()) s += " " + f;

@@ -292,6 +292,8 @@ std::vector<RaggedTensor> Module::run(const Compiled& c, std::string_view fn,
     st.device_steps = place.device;
     st.reference_steps = std::move(place.reference);
     st.host_steps = std::move(place.host);
+    st.uploaded_bytes = place.uploaded;
+    st.downloaded_bytes = place.downloaded;
     if (padded_)
         for (auto& t : out) t = from_envelope(t, lengths);
     return out;

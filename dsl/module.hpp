@@ -55,6 +55,9 @@ struct FnStats {
     // kernels, device kernels, and by op name reference kernels and host fallbacks (op_dtype).
     std::int64_t compiled_steps = 0, device_steps = 0;
     std::map<std::string, std::int64_t> reference_steps, host_steps;
+    // GPU tier: bytes the latest call copied to and from the device (results the caller reads
+    // later are downloaded then, and not counted here).
+    std::int64_t uploaded_bytes = 0, downloaded_bytes = 0;
 };
 
 class Module {

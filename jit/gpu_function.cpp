@@ -23,26 +23,26 @@
 namespace rag::jit {
 namespace {
 
-// The device copies of one call's values, keyed by their host buffer: a value is uploaded at
-// most once per call, and a result computed on the device stays there for the device steps
-// that read it (each is downloaded too, since host steps may read it). An entry holds the
-// host buffer, so its address cannot be reused by another value while the copy is cached.
-// Ragged-structure tables (segment entries) are uploaded once per call per distinct table.
+// The device copies of one call's values. A value with a device copy (a GPU-tier result of this
+// call or of an earlier one, not written on the host since: runtime/tensor.hpp's Residency) is
+// read there; any other is uploaded at most once per call, keyed by its host buffer (an entry
+// holds the buffer, so its address cannot be reused by another value while the copy is
+// cached). Results stay on the device and reach the host only when it reads them: host steps of
+// the same call, or the caller. Ragged-structure tables (segment entries) are uploaded once per
+// call per distinct table.
 class DeviceValues {
   public:
     const cuda::Buffer& of(const RaggedTensor& t) {
+        if (auto d = t.device_copy()) return *held_.emplace_back(std::move(d));
         std::byte* key = t.buffer().data.get();
         if (!key) return scratch_.emplace_back(to_device(t)); // empty: nothing to share
         auto it = values_.find(key);
         if (it == values_.end()) it = values_.emplace(key, Entry{t.buffer(), to_device(t)}).first;
         return it->second.device;
     }
-    // A device result: downloaded, and kept as the copy of the host tensor made from it.
+    // A device result, resident: downloaded when the host first reads it.
     RaggedTensor result(cuda::Buffer b, DType t, const StructurePtr& st) {
-        RaggedTensor r = from_device(b, t, st);
-        if (std::byte* key = r.buffer().data.get())
-            values_.emplace(key, Entry{r.buffer(), std::move(b)});
-        return r;
+        return resident(std::move(b), t, st);
     }
     const cuda::Buffer& table(const std::vector<std::int64_t>& v) {
         auto it = tables_.find(v);
@@ -58,6 +58,8 @@ class DeviceValues {
     std::map<const std::byte*, Entry> values_;
     std::map<std::vector<std::int64_t>, cuda::Buffer> tables_;
     std::deque<cuda::Buffer> scratch_; // uploads of empty values (stable addresses)
+    // Device copies read this call, held so that a host write elsewhere cannot free them.
+    std::deque<std::shared_ptr<const cuda::Buffer>> held_;
 };
 
 // sum/mean over one axis, their gradients, softmax and its gradient (f32) on the device through
@@ -267,6 +269,7 @@ class CompiledGpu final : public GpuFunction {
                                   Placement* where) const override {
         std::vector<RaggedTensor> vals = ir::bind_inputs(f_, inputs);
         Placement place;
+        const cuda::Transfers before = cuda::transfers();
         DeviceValues dev;
         RelposNodes<RelposOnGpu> relpos(true); // self-attention too
         for (const Step& s : plan_.steps) {
@@ -307,6 +310,9 @@ class CompiledGpu final : public GpuFunction {
             for (int j : s.also) reference(std::size_t(j), vals);
             count(place, n, refs, false);
         }
+        const cuda::Transfers after = cuda::transfers();
+        place.uploaded = std::int64_t(after.uploaded - before.uploaded);
+        place.downloaded = std::int64_t(after.downloaded - before.downloaded);
         if (where) *where = std::move(place);
         std::vector<RaggedTensor> out;
         for (int o : f_.outputs) out.push_back(vals[std::size_t(o)]);

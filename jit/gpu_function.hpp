@@ -6,11 +6,13 @@
 // bf16 as the GEMM tile program (jit/gemm_programs.hpp, tensor cores for the half types),
 // layernorm, rmsnorm and their gradients as the norm programs (jit/norm_programs.hpp);
 // every other step (f64 and batched GEMMs, cross-attention, f64 norms, the rest) runs on the host
-// through the CPU tier's or the reference kernels. Within a call, a value is uploaded at most
-// once and a device result stays on the device for the device steps that read it; every
-// result is also downloaded (host steps may read it), and nothing stays on the device between
-// calls (parameters are uploaded again each call). Relpos applications upload their own
-// inputs. This header knows nothing of LLVM or of the driver.
+// through the CPU tier's or the reference kernels. Device results stay on the device, within a
+// call and across calls: a result is downloaded only when the host reads it (a host step, the
+// caller), and a result passed into a later call (parameters after an optimiser step) is read
+// where it is, so a training loop uploads its batch and little else (runtime/tensor.hpp's
+// Residency). Any other value is uploaded at most once per call. Relpos applications still
+// upload their own inputs and download their results. The bytes each call moves are counted
+// (Placement::uploaded, downloaded). This header knows nothing of LLVM or of the driver.
 #pragma once
 #include "jit/placement.hpp"
 #include "jit/ptx.hpp"

@@ -7,6 +7,7 @@
 #include "runtime/error.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,6 +108,26 @@ RaggedTensor from_device(const cuda::Buffer& b, DType t, const StructurePtr& st)
     RaggedTensor out = RaggedTensor::zeros(t, st);
     cuda::download(out.mutable_data(), b, std::size_t(out.numel()) * dtype_size(t));
     return out;
+}
+
+namespace {
+RaggedTensor with_residency(cuda::Buffer b, DType t, const StructurePtr& st, const void* host) {
+    const std::size_t bytes = std::size_t(st->numel()) * dtype_size(t);
+    Buffer values = Buffer::allocate_uninitialized(bytes);
+    if (host && bytes) std::memcpy(values.data.get(), host, bytes);
+    values.residency = std::make_shared<Residency>();
+    values.residency->device = std::make_shared<const cuda::Buffer>(std::move(b));
+    values.residency->host_current = host != nullptr;
+    return RaggedTensor(t, st, std::move(values));
+}
+} // namespace
+
+RaggedTensor resident(cuda::Buffer b, DType t, const StructurePtr& st) {
+    return with_residency(std::move(b), t, st, nullptr);
+}
+
+RaggedTensor to_resident(const RaggedTensor& t) {
+    return with_residency(to_device(t), t.dtype(), t.structure_ptr(), t.data());
 }
 
 namespace {

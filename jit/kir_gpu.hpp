@@ -56,5 +56,10 @@ template <class T> cuda::Buffer to_device(const std::vector<T>& v) {
 }
 // A tensor of dtype t and structure st holding the first bytes of `b`.
 RaggedTensor from_device(const cuda::Buffer& b, DType t, const StructurePtr& st);
+// The same, but the values stay in `b` until the host reads them (runtime/tensor.hpp's
+// Residency): a GPU-tier result, which a later call reads without an upload.
+RaggedTensor resident(cuda::Buffer b, DType t, const StructurePtr& st);
+// A copy of t whose values are in device memory and on the host (Python's Tensor.to("cuda")).
+RaggedTensor to_resident(const RaggedTensor& t);
 
 } // namespace rag::jit

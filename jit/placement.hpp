@@ -14,6 +14,8 @@ namespace rag::jit {
 struct Placement {
     std::int64_t compiled = 0, device = 0;
     std::map<std::string, std::int64_t> reference, host;
+    // GPU tier: bytes copied host -> device and device -> host during the call.
+    std::int64_t uploaded = 0, downloaded = 0;
 };
 
 // Reference kernels run by the current thread since it started: host kernels that hand a case

@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -243,10 +244,19 @@ Buffer::~Buffer() {
     s.stats.cached += block_;
 }
 
+namespace {
+std::atomic<std::uint64_t> uploaded{0}, downloaded{0};
+}
+
+Transfers transfers() {
+    return {uploaded.load(), downloaded.load()};
+}
+
 void upload(const Buffer& dst, const void* src, std::size_t bytes) {
     if (bytes > dst.bytes()) fail("CUDA: upload of ", bytes, " bytes into ", dst.bytes());
     if (bytes == 0) return;
     State& s = ready();
+    uploaded += bytes;
     if (emulated()) {
         std::memcpy(host_ptr(dst.ptr()), src, bytes);
         return;
@@ -261,6 +271,7 @@ void download(void* dst, const Buffer& src, std::size_t bytes) {
     if (bytes > src.bytes()) fail("CUDA: download of ", bytes, " bytes from ", src.bytes());
     if (bytes == 0) return;
     State& s = ready();
+    downloaded += bytes;
     if (emulated()) {
         std::memcpy(dst, host_ptr(src.ptr()), bytes);
         return;

@@ -63,6 +63,12 @@ class Buffer {
 // Copies on rag's stream; download() waits for everything queued before it.
 void upload(const Buffer& dst, const void* src, std::size_t bytes);
 void download(void* dst, const Buffer& src, std::size_t bytes);
+// Bytes copied host -> device and device -> host by upload() and download() since the process
+// started (the emulated device counts its copies too): what a call moved is the difference.
+struct Transfers {
+    std::uint64_t uploaded = 0, downloaded = 0;
+};
+Transfers transfers();
 void zero(const Buffer& dst);
 void synchronize();
 

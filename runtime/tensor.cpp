@@ -1,5 +1,6 @@
 #include "runtime/tensor.hpp"
 
+#include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 #include "runtime/memory.hpp"
 
@@ -49,13 +50,35 @@ Buffer Buffer::allocate_uninitialized(std::size_t nbytes) {
     void* p = memory::acquire(nbytes);
     return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
                                        [nbytes](std::byte* q) { memory::release(q, nbytes); }),
-            nbytes};
+            nbytes, nullptr};
 }
 
 Buffer Buffer::allocate(std::size_t nbytes) {
     Buffer b = allocate_uninitialized(nbytes);
     std::memset(b.data.get(), 0, nbytes);
     return b;
+}
+
+void RaggedTensor::download() const {
+    Residency& r = *values_.residency;
+    if (r.host_current.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.host_current.load(std::memory_order_relaxed)) return;
+    cuda::download(values_.data.get(), *r.device, values_.nbytes);
+    r.host_current.store(true, std::memory_order_release);
+}
+
+std::shared_ptr<const cuda::Buffer> RaggedTensor::device_copy() const {
+    if (!values_.residency) return nullptr;
+    std::lock_guard<std::mutex> lock(values_.residency->mu);
+    return values_.residency->device;
+}
+
+void RaggedTensor::expose() const {
+    if (!values_.residency) return;
+    download();
+    std::lock_guard<std::mutex> lock(values_.residency->mu);
+    values_.residency->device.reset();
 }
 
 RaggedTensor::RaggedTensor(DType dtype, StructurePtr st, Buffer values)

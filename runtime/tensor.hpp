@@ -4,12 +4,18 @@
 #pragma once
 #include "runtime/structure.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
 namespace rag {
+
+namespace cuda {
+class Buffer;
+}
 
 struct DenseArray {
     DType dtype = DType::f32;
@@ -24,10 +30,22 @@ struct DenseArray {
     double at(std::int64_t flat) const { return load_as_f64(bytes.data(), dtype, flat); }
 };
 
+// Where the bytes of a buffer the GPU tier computed are current (jit/gpu_function.hpp): its copy
+// in device memory, and whether the host bytes are too (they are downloaded on the first host
+// access). Tensors that share the buffer share this, so a result passed into the next call is
+// not uploaded again. The device copy is dropped once the host bytes may be written
+// (RaggedTensor::mutable_data, expose). Host-only buffers have none.
+struct Residency {
+    std::mutex mu;
+    std::shared_ptr<const cuda::Buffer> device;
+    std::atomic<bool> host_current{false}; // read without the lock once true
+};
+
 // Reference-counted, 64-byte-aligned storage; tensors that alias it share ownership.
 struct Buffer {
     std::shared_ptr<std::byte> data;
     std::size_t nbytes = 0;
+    std::shared_ptr<Residency> residency;       // GPU-tier results only
     static Buffer allocate(std::size_t nbytes); // zero-filled
     // Contents unspecified: for kernels that write every byte (no second pass to zero it).
     static Buffer allocate_uninitialized(std::size_t nbytes);
@@ -64,9 +82,19 @@ class RaggedTensor {
     const StructurePtr& structure_ptr() const { return st_; }
     std::int64_t batch() const { return st_->batch(); }
     std::int64_t numel() const { return st_->numel(); }
-    const void* data() const { return values_.data.get(); }
-    void* mutable_data() { return values_.data.get(); }
-    const Buffer& buffer() const { return values_; }
+    // The packed values in host memory (a device-resident buffer is downloaded first).
+    const void* data() const { return on_host().data.get(); }
+    // For writing them on the host: a device copy is dropped, since it would go stale.
+    void* mutable_data() {
+        if (values_.residency) expose();
+        return values_.data.get();
+    }
+    const Buffer& buffer() const { return on_host(); }
+    // The current device copy of the values, or null (host-only, or written on the host since).
+    std::shared_ptr<const cuda::Buffer> device_copy() const;
+    // The host bytes are handed out writable (NumPy views, DLPack): make them current and drop
+    // the device copy, which they could make stale.
+    void expose() const;
 
     std::vector<DenseArray> to_list() const;
     DenseArray to_padded(double value) const; // [B, envelope...] (or the array, unbatched)
@@ -77,6 +105,12 @@ class RaggedTensor {
     double item() const; // the value of a one-element tensor
 
   private:
+    const Buffer& on_host() const {
+        if (values_.residency) download();
+        return values_;
+    }
+    void download() const;
+
     DType dtype_ = DType::f32;
     StructurePtr st_;
     Buffer values_;

@@ -314,6 +314,57 @@ TEST(GpuExec, GpuTierRunsGemmStepsOnTheDevice) {
         expect_gpu_matches_cpu(f, in, f.name == "gemms_f32" ? 1e-5 : 4e-3);
 }
 
+// Results stay on the device between calls (runtime/tensor.hpp's Residency): a result passed
+// into the next call is not uploaded again, nothing is downloaded until the host reads it, and a
+// host write drops the device copy, so the next call uploads the new values. The bytes are
+// counted by the calls' Placement (exact: x, then w, are the only uploads).
+TEST(GpuExec, ResultsStayOnTheDeviceAcrossCalls) {
+    const std::vector<Shape_> lengths = {{30}, {0}, {7}};
+    const RaggedTensor x = random_batch(DType::f32, "~N, 64", shapes_for("~N, 64", lengths));
+    const RaggedTensor w = random_dense(DType::f32, {64, 32}, 0.5, 1.0);
+    ir::Function f;
+    f.name = "step";
+    ir::Builder b(f);
+    const int xi = b.input(x.schema(), "x"), wi = b.input(w.schema(), "w");
+    f.outputs = {b.op("mul", {wi, wi}), b.op("matmul", {xi, wi}, {})};
+    ir::verify(f);
+    SKIP_WITHOUT_DEVICE();
+    const auto gpu = jit::compile_gpu(f);
+    const auto cpu = jit::compile_cpu(f);
+    const auto x_bytes = std::int64_t(x.numel()) * 4, w_bytes = std::int64_t(w.numel()) * 4;
+    auto run = [&](const RaggedTensor& xs, const RaggedTensor& ws, std::int64_t up) {
+        jit::Placement p;
+        auto out = gpu->run({xs, ws}, &p);
+        EXPECT_EQ(p.uploaded, up);
+        EXPECT_EQ(p.downloaded, 0);
+        EXPECT_EQ(p.device, 2);
+        return out;
+    };
+    auto expect_cpu = [&](const std::vector<RaggedTensor>& got, const RaggedTensor& ws) {
+        const auto want = cpu->run({x, ws});
+        for (std::size_t k = 0; k < got.size(); ++k) EXPECT_LE(rel_l2(got[k], want[k]), 1e-6);
+    };
+    const auto first = run(x, w, x_bytes + w_bytes);
+    ASSERT_NE(first[0].device_copy(), nullptr);
+    // w' = w * w from the first call is read where it is.
+    const auto second = run(x, first[0], x_bytes);
+    // Reading a result downloads it once.
+    const cuda::Transfers t0 = cuda::transfers();
+    expect_cpu(second, first[0]);
+    EXPECT_EQ(cuda::transfers().downloaded - t0.downloaded,
+              std::uint64_t(w_bytes + w_bytes + x.numel() / 64 * 32 * 4)); // w', w'', y
+    EXPECT_NE(second[0].device_copy(), nullptr) << "reading keeps the device copy";
+    // A host write drops the copy: the next call uploads the written values.
+    RaggedTensor written = second[0];
+    static_cast<float*>(written.mutable_data())[5] = 3.0f;
+    EXPECT_EQ(written.device_copy(), nullptr);
+    expect_cpu(run(x, written, x_bytes + w_bytes), written);
+    // A tensor put on the device by hand is read there too.
+    const RaggedTensor on_device = jit::to_resident(x);
+    EXPECT_EQ(on_device.device_copy() != nullptr, true);
+    expect_cpu(run(on_device, w, w_bytes), w);
+}
+
 TEST(GpuExec, KernelIrLaunchesFewerBlocksThanInstances) {
     SKIP_WITHOUT_DEVICE();
     // Each instance writes its own id: every one of 100000 instances runs exactly once even
