@@ -111,23 +111,34 @@ RaggedTensor from_device(const cuda::Buffer& b, DType t, const StructurePtr& st)
 }
 
 namespace {
-RaggedTensor with_residency(cuda::Buffer b, DType t, const StructurePtr& st, const void* host) {
+RaggedTensor with_residency(std::shared_ptr<const cuda::Buffer> b, DType t, const StructurePtr& st,
+                            const void* host) {
     const std::size_t bytes = std::size_t(st->numel()) * dtype_size(t);
     Buffer values = Buffer::allocate_uninitialized(bytes);
     if (host && bytes) std::memcpy(values.data.get(), host, bytes);
     values.residency = std::make_shared<Residency>();
-    values.residency->device = std::make_shared<const cuda::Buffer>(std::move(b));
+    values.residency->device = std::move(b);
     values.residency->host_current = host != nullptr;
     return RaggedTensor(t, st, std::move(values));
 }
 } // namespace
 
-RaggedTensor resident(cuda::Buffer b, DType t, const StructurePtr& st) {
+RaggedTensor resident(std::shared_ptr<const cuda::Buffer> b, DType t, const StructurePtr& st) {
     return with_residency(std::move(b), t, st, nullptr);
 }
 
+RaggedTensor resident(cuda::Buffer b, DType t, const StructurePtr& st) {
+    return resident(std::make_shared<const cuda::Buffer>(std::move(b)), t, st);
+}
+
 RaggedTensor to_resident(const RaggedTensor& t) {
-    return with_residency(to_device(t), t.dtype(), t.structure_ptr(), t.data());
+    return with_residency(std::make_shared<const cuda::Buffer>(to_device(t)), t.dtype(),
+                          t.structure_ptr(), t.data());
+}
+
+std::shared_ptr<const cuda::Buffer> on_device(const RaggedTensor& t) {
+    if (auto d = t.device_copy()) return d;
+    return std::make_shared<const cuda::Buffer>(to_device(t));
 }
 
 namespace {

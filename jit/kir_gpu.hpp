@@ -59,6 +59,9 @@ RaggedTensor from_device(const cuda::Buffer& b, DType t, const StructurePtr& st)
 // The same, but the values stay in `b` until the host reads them (runtime/tensor.hpp's
 // Residency): a GPU-tier result, which a later call reads without an upload.
 RaggedTensor resident(cuda::Buffer b, DType t, const StructurePtr& st);
+RaggedTensor resident(std::shared_ptr<const cuda::Buffer> b, DType t, const StructurePtr& st);
+// t's values in device memory: its current device copy, else uploaded.
+std::shared_ptr<const cuda::Buffer> on_device(const RaggedTensor& t);
 // A copy of t whose values are in device memory and on the host (Python's Tensor.to("cuda")).
 RaggedTensor to_resident(const RaggedTensor& t);
 

@@ -39,6 +39,11 @@ const GpuKernel& kernel(Pass pass, const RelposShape& s) {
     });
 }
 
+// Device zeros shared with the tensors made from them.
+std::shared_ptr<const cuda::Buffer> zeros(std::size_t bytes) {
+    return std::make_shared<const cuda::Buffer>(device_zeros(bytes));
+}
+
 // A launch whose buffers are named as the program declares them, in order: a mismatch is an
 // internal error here rather than a kernel reading the wrong memory.
 using Named = std::pair<const char*, const cuda::Buffer*>;
@@ -61,9 +66,9 @@ void launch(const GpuKernel& k, std::int64_t grid, std::initializer_list<Named> 
 RelposOnDevice::RelposOnDevice(std::span<const RaggedTensor> in, const Attrs& at)
     : in_(in.begin(), in.end()), at_(at), s_(relpos_setup(in, at, op_name, false)) {
     s_.shape.tensor_cores = relpos_tensor_cores(s_.shape.dtype);
-    q_ = to_device(in_[0]);
-    k_ = to_device(in_[1]);
-    v_ = to_device(in_[2]);
+    q_ = on_device(in_[0]);
+    k_ = on_device(in_[1]);
+    v_ = on_device(in_[2]);
     eq_ = to_device(s_.eq);
     ek_ = to_device(s_.ek);
     eb_ = to_device(s_.eb);
@@ -77,7 +82,7 @@ void RelposOnDevice::set_dO(const RaggedTensor& dO) {
     if (dO.dtype() != in_[0].dtype())
         fail(op_name, ": dO must be ", dtype_name(in_[0].dtype()), " like q, got ",
              dtype_name(dO.dtype()));
-    dO_ = to_device(dO);
+    dO_ = on_device(dO);
     has_dO_ = true;
     backward_done_ = false;
 }
@@ -85,19 +90,19 @@ void RelposOnDevice::set_dO(const RaggedTensor& dO) {
 void RelposOnDevice::forward() {
     const RelposSetup& s = s_;
     const std::size_t elem = dtype_size(s.shape.dtype);
-    out_ = device_zeros(std::size_t(s.tokens * s.H * s.shape.Dv) * elem);
+    out_ = zeros(std::size_t(s.tokens * s.H * s.shape.Dv) * elem);
     lse_ = device_zeros(std::size_t(s.tokens * s.H) * 4);
     forward_done_ = true;
     if (s.tiles.empty()) return;
     launch(kernel(Pass::forward, s.shape), s.strips() * s.H,
-           {{"q", &q_},
-            {"k", &k_},
-            {"v", &v_},
+           {{"q", q_.get()},
+            {"k", k_.get()},
+            {"v", v_.get()},
             {"eq", &eq_},
             {"ek", &ek_},
             {"eb", &eb_},
             {"tiles", &tiles_},
-            {"out", &out_},
+            {"out", out_.get()},
             {"lse", &lse_}},
            s.params());
 }
@@ -108,9 +113,9 @@ void RelposOnDevice::backward() {
     const RelposSetup& s = s_;
     const RelposShape& sh = s.shape;
     const std::size_t elem = dtype_size(sh.dtype);
-    dq_ = device_zeros(std::size_t(s.tokens * s.H * sh.D) * elem);
-    dk_ = device_zeros(std::size_t(s.tokens * s.H * sh.D) * elem);
-    dv_ = device_zeros(std::size_t(s.tokens * s.H * sh.Dv) * elem);
+    dq_ = zeros(std::size_t(s.tokens * s.H * sh.D) * elem);
+    dk_ = zeros(std::size_t(s.tokens * s.H * sh.D) * elem);
+    dv_ = zeros(std::size_t(s.tokens * s.H * sh.Dv) * elem);
     const std::int64_t width[3] = {sh.D, sh.D, 1};
     for (int t : {AQ, AK, BIAS})
         tables_[t] =
@@ -131,35 +136,35 @@ void RelposOnDevice::backward() {
     const std::vector<std::int64_t> params = s.params();
     // The part list stands where the forward's strip list does.
     launch(kernel(Pass::query_grad, sh), s.part_count() * s.H,
-           {{"q", &q_},
-            {"k", &k_},
-            {"v", &v_},
+           {{"q", q_.get()},
+            {"k", k_.get()},
+            {"v", v_.get()},
             {"eq", &eq_},
             {"ek", &ek_},
             {"eb", &eb_},
             {"tiles", &parts_list},
-            {"dO", &dO_},
-            {"out", &out_},
+            {"dO", dO_.get()},
+            {"out", out_.get()},
             {"lse", &lse_},
-            {"dq", &dq_},
+            {"dq", dq_.get()},
             {"delta", &delta},
             {"zq_part", &zq},
             {"zb_part", &zb},
             {"range", &qrange}},
            params);
     launch(kernel(Pass::key_grad, sh), s.part_count() * s.H,
-           {{"q", &q_},
-            {"k", &k_},
-            {"v", &v_},
+           {{"q", q_.get()},
+            {"k", k_.get()},
+            {"v", v_.get()},
             {"eq", &eq_},
             {"ek", &ek_},
             {"eb", &eb_},
             {"tiles", &parts_list},
-            {"dO", &dO_},
+            {"dO", dO_.get()},
             {"lse", &lse_},
             {"delta", &delta},
-            {"dk", &dk_},
-            {"dv", &dv_},
+            {"dk", dk_.get()},
+            {"dv", dv_.get()},
             {"zk_part", &zk},
             {"range", &krange}},
            params);
@@ -178,15 +183,15 @@ void RelposOnDevice::backward() {
 
 RaggedTensor RelposOnDevice::out() const {
     if (!forward_done_) fail("internal: ", op_name, " output read before the forward ran");
-    return from_device(out_, in_[0].dtype(), in_[2].structure_ptr());
+    return resident(out_, in_[0].dtype(), in_[2].structure_ptr());
 }
 
 std::vector<RaggedTensor> RelposOnDevice::gradients() const {
     if (!backward_done_) fail("internal: ", op_name, " gradients read before the backward ran");
     const DType t = in_[0].dtype();
-    std::vector<RaggedTensor> g = {from_device(dq_, t, in_[0].structure_ptr()),
-                                   from_device(dk_, t, in_[1].structure_ptr()),
-                                   from_device(dv_, t, in_[2].structure_ptr())};
+    std::vector<RaggedTensor> g = {resident(dq_, t, in_[0].structure_ptr()),
+                                   resident(dk_, t, in_[1].structure_ptr()),
+                                   resident(dv_, t, in_[2].structure_ptr())};
     for (int k : {AQ, AK, BIAS}) {
         if (!s_.cfg.has[k]) continue;
         const std::int64_t width = k == BIAS ? 1 : s_.shape.D;

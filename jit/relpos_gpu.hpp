@@ -2,8 +2,11 @@
 // CPU tier (jit/relpos_programs.hpp), launched through jit/kir_gpu.hpp on buffers prepared as
 // jit/relpos.cpp prepares them (jit/relpos_setup.hpp). Nothing of size N x N is allocated.
 //
-// RelposOnDevice uploads its inputs once; forward() and backward() only queue kernels, so a
-// benchmark can time them alone; out() and gradients() download. Errors are those of the CPU
+// RelposOnDevice uploads its inputs once (q, k, v and dO that are already on the device, GPU-tier
+// results, are read in place); forward() and backward() only queue kernels, so a benchmark can
+// time them alone; out() and the dq, dk, dv of gradients() stay on the device until the host
+// reads them (runtime/tensor.hpp's Residency), the table gradients are folded on the host
+// (downloaded). Errors are those of the CPU
 // tier (rag::Error naming relpos_attention, the sample and the extents), plus "CUDA
 // unavailable: ..." without a device. This header knows nothing of LLVM or of the driver.
 #pragma once
@@ -26,7 +29,7 @@ class RelposOnDevice {
     void forward();  // queues the forward: O and the row log-sum-exp on the device
     void backward(); // queues the backward (and the forward first when it has not run)
 
-    RaggedTensor out() const;                    // O, downloaded (after forward())
+    RaggedTensor out() const;                    // O (after forward())
     std::vector<RaggedTensor> gradients() const; // q, k, v, then the present tables
     const RelposSetup& setup() const { return s_; }
 
@@ -34,9 +37,13 @@ class RelposOnDevice {
     std::vector<RaggedTensor> in_;
     Attrs at_;
     RelposSetup s_;
-    cuda::Buffer q_, k_, v_, eq_, ek_, eb_, tiles_, dO_;
-    cuda::Buffer out_, lse_;                // forward results
-    cuda::Buffer dq_, dk_, dv_, tables_[3]; // backward results; tables_: expanded gradients
+    using Shared = std::shared_ptr<const cuda::Buffer>; // shared with the tensors read or made
+    Shared q_, k_, v_, dO_;
+    cuda::Buffer eq_, ek_, eb_, tiles_;
+    Shared out_;
+    cuda::Buffer lse_;       // forward results
+    Shared dq_, dk_, dv_;    // backward results
+    cuda::Buffer tables_[3]; // expanded table gradients
     bool has_dO_ = false, forward_done_ = false, backward_done_ = false;
 };
 

@@ -19,10 +19,10 @@
 
 namespace rag::jit {
 
-// t's values under another shape of the same sizes (other ragged names): no copy.
+// t's values under another shape of the same sizes (other ragged names): no copy, and values
+// on the device stay there.
 inline RaggedTensor with_shape(const RaggedTensor& t, const Shape& shape) {
-    return RaggedTensor(t.dtype(), Structure::make(shape, t.batch(), t.structure().sizes()),
-                        t.buffer());
+    return t.with_structure(Structure::make(shape, t.batch(), t.structure().sizes()));
 }
 
 // `attention(q, k, v)` as `relpos_attention` without tables when every sample's keys are as

@@ -92,6 +92,9 @@ class RaggedTensor {
     const Buffer& buffer() const { return on_host(); }
     // The current device copy of the values, or null (host-only, or written on the host since).
     std::shared_ptr<const cuda::Buffer> device_copy() const;
+    // The same values (their buffer and residency, no copy) under another structure with as
+    // many elements.
+    RaggedTensor with_structure(StructurePtr st) const { return {dtype_, std::move(st), values_}; }
     // The host bytes are handed out writable (NumPy views, DLPack): make them current and drop
     // the device copy, which they could make stale.
     void expose() const;

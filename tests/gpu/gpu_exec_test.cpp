@@ -195,6 +195,37 @@ TEST(GpuExec, RelposLongSampleMatchesTheCpuKernels) {
     }
 }
 
+// Relpos applications read q, k, v and dO that are on the device in place, and leave O, dq, dk
+// and dv there until the host reads them (the table gradients are folded on the host). Against
+// the same application on host inputs: exactly those four fewer uploads, the same downloads (the
+// expanded table gradients), the same bits.
+TEST(GpuExec, RelposReadsAndLeavesValuesOnTheDevice) {
+    SKIP_WITHOUT_DEVICE();
+    const RelposCase c = relpos_case(mechanisms(70)[0], DType::f32, false, {70, 5});
+    auto moved = [&](const std::vector<RaggedTensor>& in, const RaggedTensor& dO) {
+        const cuda::Transfers t0 = cuda::transfers();
+        jit::RelposOnDevice d(in, c.at);
+        d.set_dO(dO);
+        d.backward(); // the forward first
+        std::vector<RaggedTensor> out = d.gradients();
+        out.push_back(d.out());
+        const cuda::Transfers t1 = cuda::transfers();
+        return std::tuple{t1.uploaded - t0.uploaded, t1.downloaded - t0.downloaded, out};
+    };
+    auto bytes = [](const RaggedTensor& t) { return std::uint64_t(t.numel()) * 4; };
+    std::vector<RaggedTensor> on = c.in;
+    for (std::size_t k = 0; k < 3; ++k) on[k] = jit::to_resident(c.in[k]);
+    const auto [up_host, down_host, from_host] = moved(c.in, c.dO);
+    const auto [up_dev, down_dev, from_dev] = moved(on, jit::to_resident(c.dO));
+    EXPECT_EQ(up_host - up_dev, bytes(c.in[0]) + bytes(c.in[1]) + bytes(c.in[2]) + bytes(c.dO));
+    EXPECT_EQ(down_dev, down_host);
+    ASSERT_EQ(from_dev.size(), from_host.size());
+    for (std::size_t k : {std::size_t(0), std::size_t(1), std::size_t(2), from_dev.size() - 1})
+        EXPECT_NE(from_dev[k].device_copy(), nullptr) << "result " << k;
+    for (std::size_t k = 0; k < from_dev.size(); ++k)
+        EXPECT_TRUE(bitwise_equal(from_dev[k], from_host[k])) << "result " << k;
+}
+
 TEST(GpuExec, RelposErrorsAreTheCpuTiersErrors) {
     SKIP_WITHOUT_DEVICE();
     const Mechanism m = mechanisms(10)[0];
