@@ -2,13 +2,13 @@
 // CPU tier (jit/relpos_programs.hpp), launched through jit/kir_gpu.hpp on buffers prepared as
 // jit/relpos.cpp prepares them (jit/relpos_setup.hpp). Nothing of size N x N is allocated.
 //
-// RelposOnDevice uploads its inputs once (q, k, v and dO that are already on the device, GPU-tier
-// results, are read in place); forward() and backward() only queue kernels, so a benchmark can
-// time them alone; out() and the dq, dk, dv of gradients() stay on the device until the host
-// reads them (runtime/tensor.hpp's Residency), the table gradients are folded on the host
-// (downloaded). Errors are those of the CPU
-// tier (rag::Error naming relpos_attention, the sample and the extents), plus "CUDA
-// unavailable: ..." without a device. This header knows nothing of LLVM or of the driver.
+// RelposOnDevice uploads its inputs once (q, k, v and dO already on the device, GPU-tier results,
+// are read in place); forward() and backward() only queue kernels, so a benchmark can time them
+// alone; out() and the dq, dk, dv of gradients() stay on the device until the host reads them
+// (runtime/tensor.hpp's Residency); the table gradients are folded on the host (downloaded).
+// Errors are those of the CPU tier (rag::Error naming relpos_attention, the sample and the
+// extents), plus "CUDA unavailable: ..." without a device. This header knows nothing of LLVM
+// or of the driver.
 #pragma once
 #include "jit/relpos_setup.hpp"
 #include "runtime/cuda.hpp"
@@ -40,8 +40,8 @@ class RelposOnDevice {
     using Shared = std::shared_ptr<const cuda::Buffer>; // shared with the tensors read or made
     Shared q_, k_, v_, dO_;
     cuda::Buffer eq_, ek_, eb_, tiles_;
-    Shared out_;
-    cuda::Buffer lse_;       // forward results
+    Shared out_;             // forward results: O,
+    cuda::Buffer lse_;       // and the row log-sum-exp
     Shared dq_, dk_, dv_;    // backward results
     cuda::Buffer tables_[3]; // expanded table gradients
     bool has_dO_ = false, forward_done_ = false, backward_done_ = false;
