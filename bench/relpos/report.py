@@ -197,7 +197,8 @@ def targets(records, peaks):
                     pct = 100 * r["exec_gflops"] / sgemm
                     ok = pct >= goal
                     met, missed = met + ok, missed + (not ok)
-                    eff.append(f"{'met' if ok else 'MISSED'} {pct:.0f}%")
+                    shown = f"{pct:.0f}" if ok or round(pct) < goal else f"{pct:.1f}"
+                    eff.append(f"{'met' if ok else 'MISSED'} {shown}%")
             lines.append("| " + " | ".join([m if p == "F" else "", p, "speed"] + speed) + " |")
             lines.append("| " + " | ".join(["", p, "efficiency"] + eff) + " |")
     lines += ["", f"{met} cells met, {missed} missed.", ""]
