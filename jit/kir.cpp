@@ -51,6 +51,47 @@ Type value_type(Elem e) {
     return e == Elem::i64 ? Type::i64 : Type::f32;
 }
 
+std::int64_t elem_bytes(Elem e) {
+    return e == Elem::f16 || e == Elem::bf16 ? 2 : e == Elem::f32 ? 4 : 8;
+}
+
+std::int64_t array_bytes(const BufferDecl& b, std::span<const std::int64_t> params) {
+    const std::int64_t n = evaluate(b.size, params);
+    return (n + (b.row ? (n + b.row - 1) / b.row * b.pad() : 0)) * elem_bytes(b.elem);
+}
+
+bool multiple_of(const Expr& e, std::int64_t m) {
+    const Node& n = e.node();
+    switch (n.op) {
+    case Op::const_int:
+        return n.i % m == 0;
+    case Op::add:
+    case Op::sub:
+        return multiple_of(n.args[0], m) && multiple_of(n.args[1], m);
+    case Op::mul:
+        return multiple_of(n.args[0], m) || multiple_of(n.args[1], m);
+    default:
+        return false;
+    }
+}
+
+FragmentLoad fragment_load(const Kernel& k, const Mma& x, bool operand_b) {
+    const Matrix& v = operand_b ? x.b : x.a;
+    const BufferDecl& buf = k.buffers[std::size_t(v.buf)];
+    const Elem half = x.precision == Precision::bf16 ? Elem::bf16 : Elem::f16;
+    if (!on_tensor_cores(x) || buf.space != Space::shared || buf.elem != half ||
+        !multiple_of(v.offset, 8))
+        return FragmentLoad::elements;
+    // A register holds two neighbours along A's columns (B's rows): ldmatrix reads rows of
+    // 8 of them; with .trans, rows of 8 along the other index.
+    const Expr& pairs = operand_b ? v.row : v.col;
+    const Expr& other = operand_b ? v.col : v.row;
+    auto unit = [](const Expr& s) { return s.node().op == Op::const_int && s.node().i == 1; };
+    if (unit(pairs) && multiple_of(other, 8)) return FragmentLoad::ldmatrix;
+    if (unit(other) && multiple_of(pairs, 8)) return FragmentLoad::ldmatrix_trans;
+    return FragmentLoad::elements;
+}
+
 Expr::Expr(std::int64_t v)
     : n_(std::make_shared<const Node>(Node{Op::const_int, Type::i64, v, 0, {}})) {}
 Expr::Expr(double v)
@@ -171,15 +212,21 @@ int Builder::scratch(const std::string& name, Expr size) {
     return int(k_.buffers.size() - 1);
 }
 
-int Builder::shared(const std::string& name, std::int64_t size) {
-    auto aligned = [](std::int64_t floats) { return (floats * 4 + 63) / 64 * 64; };
-    std::int64_t bytes = aligned(size);
+int Builder::shared(const std::string& name, std::int64_t size, Elem e, std::int64_t row) {
+    if (e != Elem::f32 && e != Elem::f16 && e != Elem::bf16)
+        fail("kernel IR ", k_.name, ": shared array ", name, " must hold f32, f16 or bf16");
+    if (row < 0 || row % 8 != 0)
+        fail("kernel IR ", k_.name, ": shared array ", name, " padded every ", row,
+             " elements (a multiple of 8)");
+    const BufferDecl decl{name, e, Space::shared, Expr(size), row};
+    auto aligned = [](const BufferDecl& b) { return (array_bytes(b, {}) + 63) / 64 * 64; };
+    std::int64_t bytes = size < 1 ? 0 : aligned(decl);
     for (const auto& b : k_.buffers)
-        if (b.space == Space::shared) bytes += aligned(b.size.node().i);
+        if (b.space == Space::shared) bytes += aligned(b);
     if (size < 1 || bytes > kSharedBytes)
         fail("kernel IR ", k_.name, ": shared array ", name, " of ", size,
-             " floats does not fit the ", kSharedBytes, " bytes of shared memory");
-    k_.buffers.push_back({name, Elem::f32, Space::shared, Expr(size)});
+             " elements does not fit the ", kSharedBytes, " bytes of shared memory");
+    k_.buffers.push_back(decl);
     return int(k_.buffers.size() - 1);
 }
 
@@ -281,6 +328,7 @@ void Builder::mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, 
                 fail_mma("offsets and strides must be integers");
     }
     if (c.buf == a.buf || c.buf == b.buf) fail_mma("accumulates into one of its operands");
+    if (k_.buffers[std::size_t(c.buf)].elem != Elem::f32) fail_mma("accumulates into a half array");
     Stmt s{Stmt::Kind::mma, c.buf, {}, {}, {}, {}, {}, Loop::serial, {}};
     s.mma = std::make_shared<const Mma>(Mma{c, a, b, m, n, k, p});
     block().push_back(std::move(s));
@@ -474,6 +522,7 @@ std::string print(const Kernel& k) {
             print_expr(os, k, b.size);
             os << "]";
         }
+        if (b.row) os << " (padded every " << b.row << ")";
         os << "\n";
     }
     print_block(os, k, k.body, 1);

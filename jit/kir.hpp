@@ -8,8 +8,9 @@
 //   - i64 scalar parameters (lengths, strides: runtime data, never baked into code),
 //   - global buffers of a storage element type (loads widen to f32 or i64, stores narrow),
 //   - scratch arrays: f32 per program instance, their size an expression of the parameters,
-//   - shared arrays: f32 per program instance of a constant size (a GPU block's shared memory,
-//     48 KiB in all; scratch like any other on the CPU),
+//   - shared arrays per program instance of a constant size, f32 or a half type (a GPU
+//     block's shared memory, 48 KiB in all; scratch like any other on the CPU): loads widen
+//     and stores round, as for global buffers,
 //   - immutable lets, mutable scalar variables, stores, counted loops and conditionals,
 //   - matrix multiply-accumulates over scratch or shared tiles (`mma`): tensor cores on the GPU.
 // A loop marked `threads` promises that its iterations are independent and touch disjoint
@@ -29,6 +30,7 @@ namespace rag::kir {
 enum class Type : std::uint8_t { i1, i64, f32 };
 enum class Elem : std::uint8_t { f32, f64, f16, bf16, i64 };
 Type value_type(Elem e); // what a load of e gives: f32 for floats, i64 for i64
+std::int64_t elem_bytes(Elem e);
 
 enum class Op : std::uint8_t {
     const_int,
@@ -148,6 +150,12 @@ struct BufferDecl {
     Elem elem;
     Space space;
     Expr size; // scratch, shared: elements per program instance, from params and constants
+    // Shared arrays: rows of `row` elements, each followed by 16 bytes of padding in memory
+    // (0: none). Indices stay logical; the lowerings place element x at physical(x).
+    std::int64_t row = 0;
+
+    std::int64_t pad() const { return row ? 16 / elem_bytes(elem) : 0; } // elements per row
+    std::int64_t physical(std::int64_t x) const { return row ? x + x / row * pad() : x; }
 };
 
 // The most shared memory one program instance may declare (the GPU's static limit per block).
@@ -169,6 +177,21 @@ struct Kernel {
 inline bool in_scratch_region(const BufferDecl& b, bool gpu) {
     return b.space == Space::scratch || (b.space == Space::shared && !gpu);
 }
+// The bytes of a scratch or shared array per program instance.
+std::int64_t array_bytes(const BufferDecl& b, std::span<const std::int64_t> params);
+
+// How the GPU gathers an mma operand's fragments on tensor cores. `ldmatrix` (m8n8, 16-bit):
+// one instruction per four 8 x 8 matrices of A or two of B, each 8-element row read as 16
+// bytes, where the operand is a shared array of the mma's half type whose rows along the
+// fragment's pairs (A's columns, B's rows) are contiguous and 16-byte aligned; `.trans` where
+// the other index is the contiguous one. Otherwise element by element, two scalar loads per
+// register. Decided from the kernel alone (multiple_of), so the lowering and the bank
+// analysis agree.
+enum class FragmentLoad : std::uint8_t { elements, ldmatrix, ldmatrix_trans };
+FragmentLoad fragment_load(const Kernel& k, const Mma& x, bool operand_b);
+// Whether e is a multiple of m whatever the parameters, lets and loads (conservative: integer
+// constants, and sums, differences and products built from multiples).
+bool multiple_of(const Expr& e, std::int64_t m);
 
 // Writes kernels as C++ code: each call appends to the innermost open block.
 class Builder {
@@ -178,8 +201,12 @@ class Builder {
     Expr param(const std::string& name);
     int buffer(const std::string& name, Elem e);     // a global buffer, passed at launch
     int scratch(const std::string& name, Expr size); // an f32 array per program instance
-    // An f32 array per program instance in the GPU's shared memory (scratch on the CPU).
-    int shared(const std::string& name, std::int64_t size);
+    // An array of `size` elements of e (f32, f16 or bf16) per program instance in the GPU's
+    // shared memory (scratch on the CPU); with `row` (a multiple of 8), padded after every
+    // `row` elements (BufferDecl::row): the 16-byte rows ldmatrix reads from 8 consecutive
+    // rows of a tile then fall in distinct banks when the tile is `row` wide.
+    int shared(const std::string& name, std::int64_t size, Elem e = Elem::f32,
+               std::int64_t row = 0);
     Expr pid() const;
 
     Expr let(Expr v, const std::string& name = "");
@@ -197,6 +224,7 @@ class Builder {
     void mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, std::int64_t k,
              Precision p);
 
+    const BufferDecl& decl(int buf) const { return k_.buffers.at(std::size_t(buf)); }
     Kernel finish(); // checks the kernel (rag::Error naming the kernel on misuse)
 
   private:

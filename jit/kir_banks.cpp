@@ -101,13 +101,45 @@ class Analysis {
         const Node& n = e.node();
         for (const Expr& a : n.args) scan(a, spread, seen);
         if (spread && n.op == Op::load && shared(int(n.i)))
-            record(int(n.i), "load", [&] { return eval(n.args[0]); });
+            record(int(n.i), "load", [&] { return word(int(n.i), eval(n.args[0])); });
     }
 
-    // Element (r, c) of a matrix view as a word index, for this lane's (r, c).
-    Value element(const kir::Matrix& m, std::int64_t r, std::int64_t c) {
+    // The 4-byte word holding element `index` of buffer buf (half arrays pack two a word).
+    Value word(int buf, Value index) const {
+        const kir::BufferDecl& b = k_.buffers[std::size_t(buf)];
+        return index ? Value(b.physical(*index) * kir::elem_bytes(b.elem) / 4) : std::nullopt;
+    }
+    // Element (r, c) of a matrix view as an element index, for this lane's (r, c).
+    Value index(const kir::Matrix& m, std::int64_t r, std::int64_t c) {
         const Value o = eval(m.offset), rs = eval(m.row), cs = eval(m.col);
         return o && rs && cs ? Value(*o + r * *rs + c * *cs) : std::nullopt;
+    }
+    Value element(const kir::Matrix& m, std::int64_t r, std::int64_t c) {
+        return word(m.buf, index(m, r, c));
+    }
+
+    // One ldmatrix of `count` 8 x 8 matrices: matrix m is read in its own pass of 8 lanes'
+    // 16-byte rows (4 words each), at the lanes' row addresses (first element, row(lane)); the
+    // degree listed is the worst matrix's.
+    void record_ldmatrix(int buf, const char* kind, int count, const std::function<Value()>& row) {
+        int degree = 0;
+        for (int m = 0; m < count && degree >= 0; ++m) {
+            std::vector<std::int64_t> words;
+            for (int i = 0; i < 8; ++i) {
+                lane_ = 8 * m + i;
+                memo_.clear();
+                const Value w = word(buf, row());
+                if (!w) {
+                    degree = -1;
+                    break;
+                }
+                for (int x = 0; x < 4; ++x) words.push_back(*w + x);
+            }
+            if (degree >= 0) degree = std::max(degree, bank_degree(words));
+        }
+        lane_ = 0;
+        memo_.clear();
+        out_.push_back({k_.buffers[std::size_t(buf)].name, kind, std::max(degree, 0)});
     }
 
     // The lowering's fragment gathering (jit/kir_nvptx.cpp), first 16 x 8 tile and k step.
@@ -122,16 +154,36 @@ class Analysis {
             if (shared(x.c.buf)) record(x.c.buf, "mma C", [&] { return element(x.c, i(), j()); });
             return;
         }
-        if (shared(x.a.buf))
+        // ldmatrix (kir::fragment_load): lane 8m + i addresses row i of matrix m, as in
+        // kir_nvptx.cpp's fragment(): A(dx + i, dy) or A(dx, dy + i) with .trans, dx = 8 (m & 1),
+        // dy = 8 (m >> 1); B(dy, i) or B(dy + i, 0) with .trans, dy = 8m.
+        auto m = [&] { return std::int64_t(lane_ / 8); };
+        auto i = [&] { return std::int64_t(lane_ % 8); };
+        const kir::FragmentLoad fa = kir::fragment_load(k_, x, false);
+        const kir::FragmentLoad fb = kir::fragment_load(k_, x, true);
+        if (fa != kir::FragmentLoad::elements) {
+            const bool trans = fa == kir::FragmentLoad::ldmatrix_trans;
+            record_ldmatrix(x.a.buf, "ldmatrix A", 4, [&] {
+                const std::int64_t dx = (m() & 1) * 8, dy = (m() >> 1) * 8;
+                return trans ? index(x.a, dx, dy + i()) : index(x.a, dx + i(), dy);
+            });
+        } else if (shared(x.a.buf)) {
             for (int r = 0; r < 4; ++r)
                 for (int e = 0; e < 2; ++e)
                     record(x.a.buf, "mma A", [&] {
                         return element(x.a, g() + (r & 1) * 8, t2() + (r >> 1) * 8 + e);
                     });
-        if (shared(x.b.buf))
+        }
+        if (fb != kir::FragmentLoad::elements) {
+            const bool trans = fb == kir::FragmentLoad::ldmatrix_trans;
+            record_ldmatrix(x.b.buf, "ldmatrix B", 2, [&] {
+                return trans ? index(x.b, 8 * m() + i(), 0) : index(x.b, 8 * m(), i());
+            });
+        } else if (shared(x.b.buf)) {
             for (int r = 0; r < 2; ++r)
                 for (int e = 0; e < 2; ++e)
                     record(x.b.buf, "mma B", [&] { return element(x.b, t2() + 8 * r + e, g()); });
+        }
         if (shared(x.c.buf))
             for (int q = 0; q < 4; ++q)
                 record(x.c.buf, "mma C",
@@ -154,7 +206,7 @@ class Analysis {
                 scan(s.a, spread, seen);
                 scan(s.b, spread, seen);
                 if (spread && shared(int(s.id)))
-                    record(int(s.id), "store", [&] { return eval(s.a); });
+                    record(int(s.id), "store", [&] { return word(int(s.id), eval(s.a)); });
                 break;
             case Stmt::Kind::loop:
                 scan(s.a, spread, seen);

@@ -10,10 +10,13 @@
 //     its loop's first value, conditions are taken as true, and a mutable variable its last
 //     assignment in program order. Serial code outside such a loop reads one address in every
 //     thread (a broadcast) and stores from thread 0 alone: never a conflict, not listed.
-//   - an mma on tensor cores with an operand or accumulator in shared memory: the PTX ISA's
-//     m16n8k16 fragments (lane = 4 g + t; A: rows g, g + 8 by columns 2t, 2t + 1, + 8; B: rows
-//     2t, 2t + 1, + 8 of column g; C: rows g, g + 8 by columns 2t, 2t + 1), one 4-byte load per
-//     element as the lowering gathers them, for the warp's first 16 x 8 tile and k step.
+//   - an mma on tensor cores with an operand or accumulator in shared memory, for the warp's
+//     first 16 x 8 tile and k step: an operand kir::fragment_load gives to ldmatrix as its
+//     8 x 8 matrices, each one pass of 8 lanes' 16-byte rows ("ldmatrix A", "ldmatrix B": the
+//     worst matrix); any other as the lowering gathers it, one load per element of the PTX
+//     ISA's m16n8k16 fragments (lane = 4 g + t; A: rows g, g + 8 by columns 2t, 2t + 1, + 8;
+//     B: rows 2t, 2t + 1, + 8 of column g; C: rows g, g + 8 by columns 2t, 2t + 1).
+// Element indices become words through the array's element size and padding (BufferDecl).
 // Index expressions are evaluated with the given parameters and with each load of a global
 // buffer answered by `global` (the strip list, for instance); an index that still depends on
 // something unknown (a scratch or shared load) is listed with degree 0 (not derived).
@@ -30,7 +33,8 @@ namespace rag::jit {
 
 struct BankAccess {
     std::string array; // the shared array's name
-    // "store", "load" (in a threads loop), or "mma A", "mma B", "mma C" (fragments).
+    // "store", "load" (in a threads loop), "ldmatrix A", "ldmatrix B", or "mma A", "mma B",
+    // "mma C" (fragments gathered element by element).
     std::string kind;
     int degree = 0; // wavefronts per warp-wide access; 0: the address was not derived
 };

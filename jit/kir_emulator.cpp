@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -25,22 +26,28 @@ static_assert(offsetof(EmuThread, tid) == kEmuTid && offsetof(EmuThread, ntid) =
               offsetof(EmuThread, ctaid) == kEmuCtaid &&
               offsetof(EmuThread, nctaid) == kEmuNctaid &&
               offsetof(EmuThread, barrier) == kEmuBarrier && offsetof(EmuThread, mma) == kEmuMma &&
-              offsetof(EmuThread, access) == kEmuAccess);
+              offsetof(EmuThread, access) == kEmuAccess &&
+              offsetof(EmuThread, ldmatrix) == kEmuLdmatrix);
 
 using Entry = void (*)(std::int64_t grid, const std::int64_t* params, void* const* buffers,
                        char* scratch, EmuThread* thread);
 
 constexpr int kWarp = 32;
+constexpr std::int64_t kUnit = 2; // bytes the race detector tracks as one
 constexpr std::size_t kFiberStack = 256 << 10;
 
+// What a lane brings to a warp-wide instruction.
 struct Fragment {
-    std::uint32_t regs[6]; // A: 4, B: 2
+    std::uint32_t regs[6]; // mma: A: 4, B: 2
     float acc[4];
+    const char* row; // ldmatrix: the row this lane addresses (null when no matrix uses it)
 };
 
 void on_barrier(EmuThread* t);
 void on_mma(EmuThread* t, std::int64_t kind, const std::uint32_t* regs, float* acc);
 void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t how);
+void on_ldmatrix(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t shape,
+                 std::uint32_t* out);
 
 // The arrays a launch checks accesses against (see kir_emulator.hpp): each shared array, and
 // the scratch arrays at their offsets in a block's region, with the scratch base and the
@@ -58,17 +65,21 @@ struct Layout {
     std::int64_t scratch_bytes = 0; // of it used by arrays
 };
 
-// One block's record of the threads that touched each 4-byte word of shared memory and of
+// One block's record of the threads that touched each 2-byte unit (the smallest element, so
+// two threads writing the halves of one word do not race) of shared memory and of
 // its scratch region since the last bar.sync: the words an epoch (barrier interval) has not
 // touched have an older epoch, so a barrier costs nothing. Keeps the first error.
 class Shadow {
   public:
     Shadow(const Layout& l, std::int64_t ctaid) : l_(l), ctaid_(ctaid) {
-        for (const auto& [b, a] : l.shared) shared_[b].resize(std::size_t(a.bytes + 3) / 4);
-        scratch_.resize(std::size_t(l.scratch_bytes + 3) / 4);
+        for (const auto& [b, a] : l.shared) shared_[b].resize(std::size_t(a.bytes + 1) / kUnit);
+        scratch_.resize(std::size_t(l.scratch_bytes + 1) / kUnit);
     }
     void barrier() { ++epoch_; }
     const std::string& error() const { return error_; }
+    void report(const std::string& e) {
+        if (error_.empty()) error_ = e;
+    }
 
     void* access(int tid, std::int64_t region, char* base, char* at, std::int64_t bytes,
                  bool write) {
@@ -81,10 +92,11 @@ class Shadow {
         } else {
             const std::int64_t off = base - (l_.scratch_base + ctaid_ * l_.region_bytes);
             const auto it = l_.scratch.find(off);
-            if (it != l_.scratch.end()) array = &it->second, words = &scratch_, first = off / 4;
+            if (it != l_.scratch.end()) array = &it->second, words = &scratch_, first = off / kUnit;
         }
         const std::int64_t off = at - base;
-        if (!array || off < 0 || off + bytes > array->bytes || off % 4 != 0) {
+        if (!array || off < 0 || off + bytes > array->bytes ||
+            off % std::min<std::int64_t>(bytes, 4) != 0) {
             if (error_.empty()) {
                 std::ostringstream e;
                 e << "kernel " << l_.kernel << " (emulated GPU): out-of-bounds "
@@ -96,7 +108,7 @@ class Shadow {
             }
             return &dummy_;
         }
-        for (std::int64_t w = off / 4; w < (off + bytes + 3) / 4; ++w) {
+        for (std::int64_t w = off / kUnit; w < (off + bytes + 1) / kUnit; ++w) {
             Word& word = (*words)[std::size_t(first + w)];
             if (word.epoch != epoch_) word = Word{epoch_};
             const int other = word.writer >= 0 && word.writer != tid            ? word.writer
@@ -107,8 +119,8 @@ class Shadow {
                 std::ostringstream e;
                 e << "kernel " << l_.kernel
                   << " (emulated GPU): " << (region >= 0 ? "shared" : "scratch")
-                  << "-memory race on `" << array->name << "`[" << w << "] (byte " << w * 4
-                  << ") in block " << ctaid_ << ": thread " << tid << (write ? " writes" : " reads")
+                  << "-memory race on `" << array->name << "` (byte " << w * kUnit << ") in block "
+                  << ctaid_ << ": thread " << tid << (write ? " writes" : " reads")
                   << " it and thread " << other << (other == word.writer ? " wrote" : " read")
                   << " it with no bar.sync between";
                 error_ = e.str();
@@ -142,21 +154,21 @@ class Shadow {
 };
 
 // One block's threads as fibers on the launching thread, switched only where a thread waits
-// (bar.sync, mma.sync), so a block costs a few context switches per barrier instead of 128
-// host threads. A wait ends when every thread of the block (bar.sync) or of the warp
-// (mma.sync) waits at the same kind of point; when no thread can run and the block has not
-// finished, the block deadlocked (a barrier some thread never reaches).
+// (bar.sync, mma.sync, ldmatrix), so a block costs a few context switches per barrier instead of
+// 128 host threads. A wait ends when every thread of the block (bar.sync) or of the warp
+// (mma.sync, ldmatrix) waits at the same kind of point; when no thread can run and the block has
+// not finished, the block deadlocked (a barrier some thread never reaches).
 class Block {
   public:
-    enum class State : std::uint8_t { ready, at_barrier, at_mma, done };
+    enum class State : std::uint8_t { ready, at_barrier, at_warp, done };
 
     Block(const std::function<void(EmuThread&)>& body, std::int64_t ctaid, std::int64_t nctaid,
           const Layout& layout)
         : shadow(layout, ctaid), body_(body),
           stacks_(new char[std::size_t(kKirBlock) * kFiberStack]) {
         for (int t = 0; t < kKirBlock; ++t) {
-            threads_[t] =
-                EmuThread{t, kKirBlock, ctaid, nctaid, &on_barrier, &on_mma, this, &on_access};
+            threads_[t] = EmuThread{t,       kKirBlock, ctaid,      nctaid,      &on_barrier,
+                                    &on_mma, this,      &on_access, &on_ldmatrix};
             getcontext(&fibers_[t]);
             fibers_[t].uc_stack.ss_sp = stacks_.get() + std::size_t(t) * kFiberStack;
             fibers_[t].uc_stack.ss_size = kFiberStack;
@@ -185,7 +197,7 @@ class Block {
     Fragment slots[kKirBlock];
     Shadow shadow;
 
-    // Parks the current thread until its block (at_barrier) or warp (at_mma) all waits.
+    // Parks the current thread until its block (at_barrier) or warp (at_warp) all waits.
     void wait(State why) {
         const int t = current_;
         state_[t] = why;
@@ -201,7 +213,7 @@ class Block {
     }
 
     // Wakes the block if every thread waits at bar.sync, and each warp whose every lane waits
-    // at mma.sync. Says whether anything woke.
+    // at a warp-wide instruction. Says whether anything woke.
     bool release() {
         if (std::all_of(state_, state_ + kKirBlock,
                         [](State s) { return s == State::at_barrier; })) {
@@ -212,7 +224,7 @@ class Block {
         bool woke = false;
         for (int w = 0; w < kKirBlock / kWarp; ++w) {
             State* lanes = state_ + w * kWarp;
-            if (std::all_of(lanes, lanes + kWarp, [](State s) { return s == State::at_mma; })) {
+            if (std::all_of(lanes, lanes + kWarp, [](State s) { return s == State::at_warp; })) {
                 std::fill(lanes, lanes + kWarp, State::ready);
                 woke = true;
             }
@@ -315,7 +327,7 @@ void on_mma(EmuThread* t, std::int64_t kind, const std::uint32_t* regs, float* a
     Fragment& mine = b.slots[t->tid];
     std::copy(regs, regs + 6, mine.regs);
     std::copy(acc, acc + 4, mine.acc);
-    b.wait(Block::State::at_mma); // every lane's fragment is in
+    b.wait(Block::State::at_warp); // every lane's fragment is in
     auto element = [&](int from, int i, int first_reg) {
         const std::uint32_t reg = b.slots[warp * kWarp + from].regs[first_reg + i / 2];
         const auto bits = std::uint16_t(reg >> (16 * (i % 2)));
@@ -339,7 +351,42 @@ void on_mma(EmuThread* t, std::int64_t kind, const std::uint32_t* regs, float* a
         for (int k = 0; k < 16; ++k) sum += double(A[row][k]) * double(B[k][col]);
         acc[i] = float(sum);
     }
-    b.wait(Block::State::at_mma); // no lane rewrites its slot before all have read
+    b.wait(Block::State::at_warp); // no lane rewrites its slot before all have read
+}
+
+// ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16 for one lane: matrix m's row i is
+// the 16 bytes at the address of lane 8m + i; lane = 4 g + t receives in register m the
+// elements (g, 2t) and (g, 2t + 1) of matrix m (the low half first), or with .trans (2t, g)
+// and (2t + 1, g). Addresses of lanes past 8 count are ignored, as on the GPU.
+void on_ldmatrix(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t shape,
+                 std::uint32_t* out) {
+    Block& b = *static_cast<Block*>(t->block);
+    const int warp = int(t->tid / kWarp), lane = int(t->tid % kWarp);
+    const int count = int(shape & 7);
+    const bool trans = (shape & 8) != 0;
+    Fragment& mine = b.slots[t->tid];
+    mine.row = nullptr;
+    if (lane < 8 * count) {
+        if ((at - base) % 16 != 0) {
+            std::ostringstream e;
+            e << "ldmatrix (emulated GPU): thread " << t->tid << " of block " << t->ctaid
+              << " addresses byte " << at - base << " of a shared array, not 16-byte aligned";
+            b.shadow.report(e.str());
+        }
+        mine.row =
+            static_cast<const char*>(b.shadow.access(int(t->tid), region, base, at, 16, false));
+    }
+    b.wait(Block::State::at_warp); // every lane's address is in
+    auto element = [&](int m, int row, int col) {
+        std::uint16_t bits = 0;
+        std::memcpy(&bits, b.slots[warp * kWarp + 8 * m + row].row + 2 * col, 2);
+        return std::uint32_t(bits);
+    };
+    const int g = lane / 4, t2 = lane % 4 * 2;
+    for (int m = 0; m < count; ++m)
+        out[m] = trans ? element(m, t2, g) | element(m, t2 + 1, g) << 16
+                       : element(m, g, t2) | element(m, g, t2 + 1) << 16;
+    b.wait(Block::State::at_warp); // no lane rewrites its slot before all have read
 }
 
 class EmulatedKernel final : public CpuKernel {
@@ -396,7 +443,7 @@ class EmulatedKernel final : public CpuKernel {
         for (std::size_t b = 0; b < k_.buffers.size(); ++b) {
             const kir::BufferDecl& d = k_.buffers[b];
             const std::int64_t bytes =
-                d.space == kir::Space::global ? 0 : kir::evaluate(d.size, params) * 4;
+                d.space == kir::Space::global ? 0 : kir::array_bytes(d, params);
             if (d.space == kir::Space::shared) l.shared[std::int64_t(b)] = {d.name, 0, bytes};
             if (d.space == kir::Space::scratch) {
                 l.scratch[l.scratch_bytes] = {d.name, l.scratch_bytes, bytes};

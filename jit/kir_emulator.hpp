@@ -4,25 +4,28 @@
 // the grid-stride loop over instances, shared arrays, and the tensor-core fragments of mma.
 //
 // The lowering is jit/kir_nvptx.cpp's, built for the host: special registers, bar.sync and
-// mma.sync become reads of, and calls through, an EmuThread that the emulator passes each
-// thread. A launch runs its blocks one after another, each as kKirBlock fibers on the calling
-// thread (switched only at bar.sync and mma.sync); bar.sync waits for all of them, and
-// mma.sync gathers its warp's 32 fragments and computes the tile as the PTX ISA lays it out
-// ("Matrix Fragments for mma.m16n8k16 with floating point type"), written out again here
-// independently of the lowering. Exact PTX semantics beyond these (memory model, warp
-// scheduling, libdevice math: the host's libm is used) are not emulated. A barrier that not
-// every thread reaches is reported as a rag::Error, not a hang.
+// mma.sync and ldmatrix become reads of, and calls through, an EmuThread that the emulator
+// passes each thread. A launch runs its blocks one after another, each as kKirBlock fibers on
+// the calling thread (switched only at bar.sync and the warp-wide mma.sync and ldmatrix);
+// bar.sync waits for all of them, mma.sync gathers its warp's 32 fragments and computes the
+// tile as the PTX ISA lays it out ("Matrix Fragments for mma.m16n8k16 with floating point
+// type"), and ldmatrix gathers the warp's row addresses and hands each lane its elements of
+// the 8 x 8 matrices ("Warp-level matrix load instruction: ldmatrix"), both written out again
+// here independently of the lowering. An ldmatrix row is a checked 16-byte read by the lane
+// that gave its address, which must be 16-byte aligned. Exact PTX semantics beyond these (memory
+// model, warp scheduling, libdevice math: the host's libm is used) are not emulated. A barrier that
+// not every thread reaches is reported as a rag::Error, not a hang.
 //
 // Race and bounds checking: every load and store of a shared array or of the block's scratch
 // region (global memory every thread of the block shares) goes through EmuThread::access,
-// added to the lowered module here (kir_emulator.cpp), not by the lowering. Per 4-byte word
+// added to the lowered module here (kir_emulator.cpp), not by the lowering. Per 2-byte unit
 // the block records which threads read and wrote it since the last bar.sync; two threads
-// touching one word, at least one writing, with no bar.sync between is a race, and an access
+// touching one unit, at least one writing, with no bar.sync between is a race, and an access
 // outside its array (shared: the declared size; scratch: the array the address was computed
 // from) is out of bounds. Either fails the launch with a rag::Error naming the kernel, the
-// array, the word and the two threads (an out-of-bounds access is redirected to a dummy word,
-// so the emulation itself stays in bounds). mma.sync is no barrier: it orders a warp's lanes,
-// not the block.
+// array, the byte and the two threads (an out-of-bounds access is redirected to a dummy word,
+// so the emulation itself stays in bounds). mma.sync and ldmatrix are no barriers: they order a
+// warp's lanes, not the block.
 #pragma once
 #include "jit/kir.hpp"
 #include "jit/kir_cpu.hpp"
@@ -47,9 +50,14 @@ struct EmuThread {
     // is -1. Returns the address to use.
     void* (*access)(EmuThread*, std::int64_t region, char* base, char* at,
                     std::int64_t how) = nullptr; // unused by the fused kernels
+    // ldmatrix.sync.aligned.m8n8.x{shape & 7}{.trans if shape & 8}.b16 for one lane: `at` is
+    // this lane's row address in shared array `region` (starting at `base`), out receives the
+    // lane's registers.
+    void (*ldmatrix)(EmuThread*, std::int64_t region, char* base, char* at, std::int64_t shape,
+                     std::uint32_t* out) = nullptr;
 };
 inline constexpr int kEmuTid = 0, kEmuNtid = 8, kEmuCtaid = 16, kEmuNctaid = 24, kEmuBarrier = 32,
-                     kEmuMma = 40, kEmuAccess = 56;
+                     kEmuMma = 40, kEmuAccess = 56, kEmuLdmatrix = 64;
 
 // The kernel lowered as for the GPU and compiled for the host. Its launch (CpuKernel's
 // interface, host pointers) runs `blocks` blocks (default: 2, fewer for smaller grids) so

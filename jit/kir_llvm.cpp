@@ -184,7 +184,53 @@ llvm::Value* KirLowering::element(const kir::Matrix& mat, llvm::Value* r, llvm::
     llvm::Value* at =
         b_.CreateAdd(value(mat.offset), b_.CreateAdd(b_.CreateMul(r, value(mat.row)),
                                                      b_.CreateMul(c, value(mat.col))));
-    return b_.CreateGEP(b_.getFloatTy(), buffers_[std::size_t(mat.buf)], at);
+    return b_.CreateGEP(storage_type(k_.buffers[std::size_t(mat.buf)].elem),
+                        buffers_[std::size_t(mat.buf)], physical(mat.buf, at));
+}
+
+llvm::Value* KirLowering::physical(std::int64_t buf, llvm::Value* at) {
+    const kir::BufferDecl& b = k_.buffers[std::size_t(buf)];
+    if (!b.row) return at;
+    return b_.CreateAdd(at,
+                        b_.CreateMul(b_.CreateUDiv(at, b_.getInt64(b.row)), b_.getInt64(b.pad())));
+}
+
+llvm::Value* KirLowering::load_element(const kir::Matrix& mat, llvm::Value* r, llvm::Value* c) {
+    const kir::Elem e = k_.buffers[std::size_t(mat.buf)].elem;
+    return widen(e, b_.CreateLoad(storage_type(e), element(mat, r, c)));
+}
+
+llvm::Type* KirLowering::storage_type(kir::Elem e) {
+    switch (e) {
+    case kir::Elem::f32:
+        return b_.getFloatTy();
+    case kir::Elem::f64:
+        return b_.getDoubleTy();
+    case kir::Elem::f16:
+        return b_.getHalfTy();
+    case kir::Elem::bf16:
+        return b_.getInt16Ty();
+    case kir::Elem::i64:
+        return b_.getInt64Ty();
+    }
+    return nullptr;
+}
+
+llvm::Value* KirLowering::widen(kir::Elem e, llvm::Value* raw) {
+    switch (e) {
+    case kir::Elem::f32:
+    case kir::Elem::i64:
+        return raw;
+    case kir::Elem::f64:
+        return b_.CreateFPTrunc(raw, b_.getFloatTy());
+    case kir::Elem::f16:
+        return b_.CreateFPExt(raw, b_.getFloatTy());
+    case kir::Elem::bf16: { // the upper half of an f32
+        llvm::Value* bits = b_.CreateShl(b_.CreateZExt(raw, b_.getInt32Ty()), 16);
+        return b_.CreateBitCast(bits, b_.getFloatTy());
+    }
+    }
+    return nullptr;
 }
 
 llvm::Value* KirLowering::round_to(kir::Precision p, llvm::Value* x) {
@@ -218,8 +264,8 @@ void KirLowering::mma_element(const kir::Mma& x, llvm::Value* i, llvm::Value* j)
     llvm::Value* acc = entry.CreateAlloca(f32);
     b_.CreateStore(b_.CreateLoad(f32, at), acc);
     for_range(b_.getInt64(0), b_.getInt64(x.k), b_.getInt64(1), [&](llvm::Value* l) {
-        llvm::Value* a = round_to(x.precision, b_.CreateLoad(f32, element(x.a, i, l)));
-        llvm::Value* bv = round_to(x.precision, b_.CreateLoad(f32, element(x.b, l, j)));
+        llvm::Value* a = round_to(x.precision, load_element(x.a, i, l));
+        llvm::Value* bv = round_to(x.precision, load_element(x.b, l, j));
         b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f32, acc), b_.CreateFMul(a, bv)), acc);
     });
     b_.CreateStore(b_.CreateLoad(f32, acc), at);
@@ -240,34 +286,17 @@ void KirLowering::scoped(llvm::Instruction* access, std::int64_t buf) {
 
 llvm::Value* KirLowering::load(const kir::Node& n) {
     const auto& buf = k_.buffers[std::size_t(n.i)];
-    llvm::Value* at = value(n.args[0]);
+    llvm::Value* at = physical(n.i, value(n.args[0]));
     llvm::Value* base = buffers_[std::size_t(n.i)];
-    auto raw = [&](llvm::Type* t) {
-        llvm::LoadInst* l = b_.CreateLoad(t, b_.CreateGEP(t, base, at));
-        scoped(l, n.i);
-        return l;
-    };
-    switch (buf.elem) {
-    case kir::Elem::f32:
-        return raw(b_.getFloatTy());
-    case kir::Elem::f64:
-        return b_.CreateFPTrunc(raw(b_.getDoubleTy()), b_.getFloatTy());
-    case kir::Elem::f16:
-        return b_.CreateFPExt(raw(b_.getHalfTy()), b_.getFloatTy());
-    case kir::Elem::bf16: { // the upper half of an f32
-        llvm::Value* bits = raw(b_.getInt16Ty());
-        bits = b_.CreateShl(b_.CreateZExt(bits, b_.getInt32Ty()), 16);
-        return b_.CreateBitCast(bits, b_.getFloatTy());
-    }
-    case kir::Elem::i64:
-        return raw(b_.getInt64Ty());
-    }
-    return nullptr;
+    llvm::Type* t = storage_type(buf.elem);
+    llvm::LoadInst* l = b_.CreateLoad(t, b_.CreateGEP(t, base, at));
+    scoped(l, n.i);
+    return widen(buf.elem, l);
 }
 
 void KirLowering::store(const Stmt& s) {
     const auto& buf = k_.buffers[std::size_t(s.id)];
-    llvm::Value* at = value(s.a);
+    llvm::Value* at = physical(s.id, value(s.a));
     llvm::Value* v = value(s.b);
     llvm::Value* base = buffers_[std::size_t(s.id)];
     llvm::Type* t = nullptr;
@@ -432,7 +461,10 @@ class CpuLowering final : public KirLowering {
                 continue;
             }
             buffers.push_back(b_.CreateGEP(b_.getInt8Ty(), scratch, offset));
-            llvm::Value* bytes = b_.CreateMul(emit_param_expr(buf.size, params), b_.getInt64(4));
+            llvm::Value* bytes =
+                buf.space == kir::Space::shared // a constant size, padding included
+                    ? b_.getInt64(kir::array_bytes(buf, {}))
+                    : b_.CreateMul(emit_param_expr(buf.size, params), b_.getInt64(4));
             offset = b_.CreateAnd(b_.CreateAdd(b_.CreateAdd(offset, bytes), b_.getInt64(63)),
                                   b_.getInt64(~std::int64_t(63)));
         }
@@ -486,7 +518,7 @@ class CompiledCpuKernel final : public CpuKernel {
         std::size_t scratch = 0;
         for (const auto& b : k_.buffers)
             if (kir::in_scratch_region(b, false))
-                scratch = (scratch + std::size_t(kir::evaluate(b.size, params)) * 4 + 63) / 64 * 64;
+                scratch = (scratch + std::size_t(kir::array_bytes(b, params)) + 63) / 64 * 64;
         const int workers = int(std::min<std::int64_t>(num_threads(), grid));
         std::atomic<std::int64_t> next{0};
         // Each worker takes the next instance (ragged tiles differ in cost) into its own scratch.

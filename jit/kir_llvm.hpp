@@ -46,6 +46,12 @@ class KirLowering {
     void mma_element(const kir::Mma& x, llvm::Value* i, llvm::Value* j);
     // The address of element (r, c) of a matrix view; an operand rounded to a precision.
     llvm::Value* element(const kir::Matrix& mat, llvm::Value* r, llvm::Value* c);
+    llvm::Value* load_element(const kir::Matrix& mat, llvm::Value* r, llvm::Value* c); // as f32
+    // Where element `at` of buffer buf lies (BufferDecl::physical).
+    llvm::Value* physical(std::int64_t buf, llvm::Value* at);
+    // How an element type is stored (bf16 as i16 bits), and a stored value as f32 (or i64).
+    llvm::Type* storage_type(kir::Elem e);
+    llvm::Value* widen(kir::Elem e, llvm::Value* raw);
     llvm::Value* round_to(kir::Precision p, llvm::Value* x);
     // The bf16 nearest (ties to even) to an f32, as its i16 bits (runtime/dtype.cpp's rule).
     llvm::Value* bf16_bits(llvm::Value* x);
@@ -57,6 +63,7 @@ class KirLowering {
     void serial_loop(const kir::Stmt& s, llvm::Value* lo, llvm::Value* hi, llvm::Value* step);
     void emit(const std::vector<kir::Stmt>& body);
     llvm::Value* value(const kir::Expr& e);
+    llvm::Value* buffer(int b) const { return buffers_[std::size_t(b)]; } // its base pointer
 
     llvm::Module& m_;
     const kir::Kernel& k_;

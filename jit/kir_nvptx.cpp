@@ -56,7 +56,9 @@ class NvptxLowering final : public KirLowering {
                 continue;
             }
             if (buf.space == kir::Space::shared) { // a static array of the block
-                auto* t = llvm::ArrayType::get(b_.getFloatTy(), std::uint64_t(buf.size.node().i));
+                auto* t = llvm::ArrayType::get(
+                    storage_type(buf.elem),
+                    std::uint64_t(kir::array_bytes(buf, {}) / kir::elem_bytes(buf.elem)));
                 auto* g = new llvm::GlobalVariable(
                     m_, t, false, llvm::GlobalValue::InternalLinkage, llvm::UndefValue::get(t),
                     k_.name + "_" + buf.name, nullptr, llvm::GlobalValue::NotThreadLocal,
@@ -135,12 +137,12 @@ class NvptxLowering final : public KirLowering {
     }
 
     // On tensor cores: each warp takes 16 x 8 tiles of C in turn and runs mma.sync m16n8k16
-    // over k, its fragments gathered from the operands' views as the PTX ISA lays them out
+    // over k, its fragments loaded from the operands' views as the PTX ISA lays them out
     // ("Matrix Fragments for mma.m16n8k16 with floating point type"): lane = 4 g + t holds
     //   A: rows g, g + 8 (register r & 1) by columns 2t, 2t + 1 (+ 8 for r >= 2),
     //   B: rows 2t, 2t + 1 (+ 8 for register 1) of column g,
     //   C: rows g, g + 8 (element q >> 1) by columns 2t + (q & 1).
-    // Otherwise the block's threads share C's elements.
+    // C stays in registers over k. Otherwise the block's threads share C's elements.
     void mma(const kir::Mma& x) override {
         barrier();
         if (!kir::on_tensor_cores(x)) {
@@ -165,56 +167,132 @@ class NvptxLowering final : public KirLowering {
         llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
         std::vector<llvm::Value*> acc;
         for (int q = 0; q < 4; ++q) acc.push_back(entry.CreateAlloca(f32));
-        // Two operand elements as one 32-bit register of two halves, the first in the low half.
-        auto pack = [&](const kir::Matrix& mat, llvm::Value* r, llvm::Value* c, llvm::Value* dr,
-                        llvm::Value* dc, llvm::Type* as) {
-            llvm::Value* half[2];
-            for (int e = 0; e < 2; ++e) {
-                llvm::Value* v = b_.CreateLoad(
-                    f32, element(mat, e ? b_.CreateAdd(r, dr) : r, e ? b_.CreateAdd(c, dc) : c));
-                v = f16 ? b_.CreateBitCast(b_.CreateFPTrunc(v, b_.getHalfTy()), b_.getInt16Ty())
-                        : bf16_bits(v);
-                half[e] = b_.CreateZExt(v, b_.getInt32Ty());
-            }
-            return b_.CreateBitCast(b_.CreateOr(half[0], b_.CreateShl(half[1], 16)), as);
-        };
         llvm::FunctionType* sig = op->getFunctionType();
-        for_range(
-            b_.CreateLShr(tid_, 5), i64(x.m / 16 * tiles_n), b_.CreateLShr(ntid_, 5),
-            [&](llvm::Value* tile) {
-                llvm::Value* i0 = b_.CreateMul(b_.CreateUDiv(tile, i64(tiles_n)), i64(16));
-                llvm::Value* j0 = b_.CreateMul(b_.CreateURem(tile, i64(tiles_n)), i64(8));
-                llvm::Value* rows[2] = {b_.CreateAdd(i0, g),
-                                        b_.CreateAdd(i0, b_.CreateAdd(g, i64(8)))};
-                llvm::Value* cols = b_.CreateAdd(j0, t2);
-                std::vector<llvm::Value*> at;
-                for (int q = 0; q < 4; ++q) {
-                    at.push_back(element(x.c, rows[q >> 1], b_.CreateAdd(cols, i64(q & 1))));
-                    b_.CreateStore(b_.CreateLoad(f32, at.back()), acc[std::size_t(q)]);
-                }
-                for_range(i64(0), i64(x.k), i64(16), [&](llvm::Value* l0) {
-                    std::vector<llvm::Value*> args;
-                    llvm::Value* l = b_.CreateAdd(l0, t2);
-                    for (int r = 0; r < 4; ++r)
-                        args.push_back(pack(x.a, rows[r & 1], b_.CreateAdd(l, i64(r >> 1 ? 8 : 0)),
-                                            i64(0), i64(1), sig->getParamType(unsigned(r))));
-                    llvm::Value* col = b_.CreateAdd(j0, g);
-                    for (int r = 0; r < 2; ++r)
-                        args.push_back(pack(x.b, b_.CreateAdd(l, i64(8 * r)), col, i64(1), i64(0),
-                                            sig->getParamType(unsigned(4 + r))));
-                    for (int q = 0; q < 4; ++q)
-                        args.push_back(b_.CreateLoad(f32, acc[std::size_t(q)]));
-                    llvm::Value* d = mma_sync(op, f16, args);
-                    for (unsigned q = 0; q < 4; ++q)
-                        b_.CreateStore(b_.CreateExtractValue(d, q), acc[q]);
-                });
-                for (int q = 0; q < 4; ++q)
-                    b_.CreateStore(b_.CreateLoad(f32, acc[std::size_t(q)]), at[std::size_t(q)]);
-            });
+        for_range(b_.CreateLShr(tid_, 5), i64(x.m / 16 * tiles_n), b_.CreateLShr(ntid_, 5),
+                  [&](llvm::Value* tile) {
+                      llvm::Value* i0 = b_.CreateMul(b_.CreateUDiv(tile, i64(tiles_n)), i64(16));
+                      llvm::Value* j0 = b_.CreateMul(b_.CreateURem(tile, i64(tiles_n)), i64(8));
+                      llvm::Value* rows[2] = {b_.CreateAdd(i0, g),
+                                              b_.CreateAdd(i0, b_.CreateAdd(g, i64(8)))};
+                      llvm::Value* cols = b_.CreateAdd(j0, t2);
+                      std::vector<llvm::Value*> at;
+                      for (int q = 0; q < 4; ++q) {
+                          at.push_back(element(x.c, rows[q >> 1], b_.CreateAdd(cols, i64(q & 1))));
+                          b_.CreateStore(b_.CreateLoad(f32, at.back()), acc[std::size_t(q)]);
+                      }
+                      for_range(i64(0), i64(x.k), i64(16), [&](llvm::Value* l0) {
+                          std::vector<llvm::Value*> args = fragment(x, false, i0, l0, lane, sig);
+                          for (llvm::Value* r : fragment(x, true, j0, l0, lane, sig))
+                              args.push_back(r);
+                          for (int q = 0; q < 4; ++q)
+                              args.push_back(b_.CreateLoad(f32, acc[std::size_t(q)]));
+                          llvm::Value* d = mma_sync(op, f16, args);
+                          for (unsigned q = 0; q < 4; ++q)
+                              b_.CreateStore(b_.CreateExtractValue(d, q), acc[q]);
+                      });
+                      for (int q = 0; q < 4; ++q)
+                          b_.CreateStore(b_.CreateLoad(f32, acc[std::size_t(q)]),
+                                         at[std::size_t(q)]);
+                  });
         barrier();
     }
 
   private:
+    // The registers of one operand's fragment, as the mma intrinsic's parameter types: A's
+    // four for rows x0.. and columns y0.. (x0 = i0, y0 = l0), or B's two (x0 = j0, y0 = l0).
+    // In the view V(x, y) (A(x, y), or B(y, x)), register m holds V(x0 + dx_m + g, y0 + dy_m +
+    // 2t + e) in half e, dx_m = 8 (m & 1) and dy_m = 8 (m >> 1) for A, dx_m = 0 and dy_m = 8m
+    // for B: the 8 x 8 matrix m of ldmatrix, whose lanes 8m .. 8m + 7 give the addresses of its
+    // rows: V(x0 + dx_m + i, y0 + dy_m) for lane 8m + i, or V(x0 + dx_m, y0 + dy_m + i) with
+    // .trans (lane (g, t) then receives the transposed elements).
+    std::vector<llvm::Value*> fragment(const kir::Mma& x, bool operand_b, llvm::Value* x0,
+                                       llvm::Value* y0, llvm::Value* lane,
+                                       llvm::FunctionType* sig) {
+        auto i64 = [&](std::int64_t v) { return b_.getInt64(v); };
+        const kir::Matrix& mat = operand_b ? x.b : x.a;
+        const int count = operand_b ? 2 : 4;
+        const unsigned first = operand_b ? 4 : 0; // the intrinsic's parameter
+        auto at = [&](llvm::Value* vx, llvm::Value* vy) {
+            return operand_b ? element(mat, vy, vx) : element(mat, vx, vy);
+        };
+        auto dx = [&](llvm::Value* m) {
+            return operand_b ? i64(0) : b_.CreateShl(b_.CreateAnd(m, 1), 3);
+        };
+        auto dy = [&](llvm::Value* m) {
+            return b_.CreateShl(operand_b ? m : b_.CreateLShr(m, 1), 3);
+        };
+        const kir::FragmentLoad how = kir::fragment_load(k_, x, operand_b);
+        std::vector<llvm::Value*> regs;
+        if (how == kir::FragmentLoad::elements) {
+            const bool f16 = x.precision == kir::Precision::f16;
+            llvm::Value* g = b_.CreateLShr(lane, 2);
+            llvm::Value* t2 = b_.CreateShl(b_.CreateAnd(lane, 3), 1);
+            for (int m = 0; m < count; ++m) {
+                llvm::Value* half[2];
+                for (int e = 0; e < 2; ++e) {
+                    llvm::Value* vx = b_.CreateAdd(b_.CreateAdd(x0, dx(i64(m))), g);
+                    llvm::Value* vy =
+                        b_.CreateAdd(b_.CreateAdd(y0, dy(i64(m))), b_.CreateAdd(t2, i64(e)));
+                    llvm::Value* v = widen_at(mat, at(vx, vy));
+                    v = f16 ? b_.CreateBitCast(b_.CreateFPTrunc(v, b_.getHalfTy()), b_.getInt16Ty())
+                            : bf16_bits(v);
+                    half[e] = b_.CreateZExt(v, b_.getInt32Ty());
+                }
+                // Two elements as one 32-bit register of two halves, the first in the low half.
+                regs.push_back(b_.CreateBitCast(b_.CreateOr(half[0], b_.CreateShl(half[1], 16)),
+                                                sig->getParamType(first + unsigned(m))));
+            }
+            return regs;
+        }
+        const bool trans = how == kir::FragmentLoad::ldmatrix_trans;
+        llvm::Value* m = b_.CreateAnd(b_.CreateLShr(lane, 3), count - 1);
+        llvm::Value* i = b_.CreateAnd(lane, 7);
+        llvm::Value* vx = b_.CreateAdd(x0, dx(m));
+        llvm::Value* vy = b_.CreateAdd(y0, dy(m));
+        llvm::Value* row = trans ? at(vx, b_.CreateAdd(vy, i)) : at(b_.CreateAdd(vx, i), vy);
+        std::vector<llvm::Value*> words = ldmatrix(mat, row, count, trans);
+        for (int r = 0; r < count; ++r)
+            regs.push_back(
+                b_.CreateBitCast(words[std::size_t(r)], sig->getParamType(first + unsigned(r))));
+        return regs;
+    }
+    llvm::Value* widen_at(const kir::Matrix& mat, llvm::Value* address) {
+        const kir::Elem e = k_.buffers[std::size_t(mat.buf)].elem;
+        return widen(e, b_.CreateLoad(storage_type(e), address));
+    }
+    // ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16 of this lane's row address: the
+    // count 32-bit registers, or in emulation the EmuThread's ldmatrix on the same addresses.
+    std::vector<llvm::Value*> ldmatrix(const kir::Matrix& mat, llvm::Value* row, int count,
+                                       bool trans) {
+        std::vector<llvm::Value*> words;
+        if (!emulated_) {
+            using llvm::Intrinsic::ID;
+            const ID ids[2][2] = {{llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x2_b16,
+                                   llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x2_trans_b16},
+                                  {llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_b16,
+                                   llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16}};
+            llvm::Value* r = b_.CreateCall(
+                llvm::Intrinsic::getDeclaration(&m_, ids[count == 4][trans], {row->getType()}),
+                {row});
+            for (unsigned q = 0; q < unsigned(count); ++q)
+                words.push_back(b_.CreateExtractValue(r, q));
+            return words;
+        }
+        auto* i32 = b_.getInt32Ty();
+        auto* ptr = llvm::PointerType::get(m_.getContext(), 0);
+        llvm::Function* fn = b_.GetInsertBlock()->getParent();
+        llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+        llvm::Value* out = entry.CreateAlloca(i32, b_.getInt32(4));
+        auto* type = llvm::FunctionType::get(
+            b_.getVoidTy(), {ptr, b_.getInt64Ty(), ptr, ptr, b_.getInt64Ty(), ptr}, false);
+        b_.CreateCall(type, b_.CreateLoad(ptr, emu_field(kEmuLdmatrix)),
+                      {thread_, b_.getInt64(mat.buf), buffer(mat.buf), row,
+                       b_.getInt64(count + (trans ? 8 : 0)), out});
+        for (unsigned q = 0; q < unsigned(count); ++q)
+            words.push_back(b_.CreateLoad(i32, b_.CreateConstGEP1_64(i32, out, q)));
+        return words;
+    }
+
     enum class Sreg { tid, ntid, ctaid, nctaid };
     // A special register: %tid.x and the like, or the EmuThread's field.
     llvm::Value* sreg(Sreg r) {
@@ -290,7 +368,7 @@ std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_
     std::int64_t offset = 0;
     for (const auto& buf : k.buffers)
         if (kir::in_scratch_region(buf, true))
-            offset = (offset + kir::evaluate(buf.size, params) * 4 + 63) / 64 * 64;
+            offset = (offset + kir::array_bytes(buf, params) + 63) / 64 * 64;
     return offset;
 }
 

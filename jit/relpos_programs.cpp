@@ -98,14 +98,21 @@ struct Program {
     bool projects_k() const { return s.ak && !s.saved; }
     // Scratch of `size` floats when `used`, else one.
     Expr sized(bool used, Expr size) const { return used ? size : Expr(1); }
-    // A staged tile of `floats` (a constant): with tensor cores in shared memory while the
-    // 48 KiB of a block last (the tiles read by every product first), else scratch.
-    int staged(const char* name, std::int64_t floats) {
-        if (s.tensor_cores && shared_bytes + floats * 4 <= kir::kSharedBytes) {
-            shared_bytes += (floats * 4 + 63) / 64 * 64;
-            return b.shared(name, floats);
+    // A staged tile of rows x width elements (constants): with tensor cores in shared memory
+    // while the 48 KiB of a block last (the tiles read by every product first), in the data's
+    // type (staged values are the inputs' own, so nothing is rounded) and padded after every
+    // row, so the fragments' ldmatrix rows meet no bank conflict; else f32 scratch.
+    int staged(const char* name, std::int64_t rows, std::int64_t width) {
+        if (s.tensor_cores) {
+            const kir::BufferDecl tile{name, elem_of(s.dtype), kir::Space::shared, rows * width,
+                                       width % 8 == 0 ? width : 0};
+            const std::int64_t bytes = (kir::array_bytes(tile, {}) + 63) / 64 * 64;
+            if (shared_bytes + bytes <= kir::kSharedBytes) {
+                shared_bytes += bytes;
+                return b.shared(name, rows * width, tile.elem, tile.row);
+            }
         }
-        return b.scratch(name, Expr(floats));
+        return b.scratch(name, Expr(rows * width));
     }
     std::int64_t shared_bytes = 0;
 
@@ -249,6 +256,16 @@ struct Program {
             b.mma({acc, rb * (16 * width), width, 1}, {w, rb * 16 * w_row, w_row, w_col},
                   {src, 0, width, 1}, 16, width, J, precision());
         });
+    }
+    // The J x J tile src copied into dst (a staged tile in the data's type: the rounding the
+    // mma makes of its operands anyway), so that the products read it as ldmatrix fragments;
+    // src itself when dst is f32 scratch. Returns what the products read.
+    int rounded(int dst, int src) {
+        if (b.decl(dst).space != kir::Space::shared) return src;
+        b.loop(
+            0, Expr(RelposShape::J * RelposShape::J),
+            [&](Expr x) { b.store(dst, x, b.load(src, x)); }, Loop::threads);
+        return dst;
     }
     bool tensor_core_products(std::int64_t width) const {
         return s.tensor_cores && width % 16 == 0;
@@ -556,13 +573,15 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
     const kir::Elem e = elem_of(s.dtype);
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
     p.saved_buffers();
-    const int Qs = b.scratch("Qs", p.G * s.D),
-              ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
+    // With tensor cores the strip is J tokens (relpos_setup's G): Qs is staged like the tiles.
+    const int KsT = p.staged("KsT", s.D, J), Vs = p.staged("Vs", J, s.Dv);
+    const int Qs = s.tensor_cores ? p.staged("Qs", J, s.D) : b.scratch("Qs", p.G * s.D);
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
-    const int KsT = p.staged("KsT", J * s.D), Vs = p.staged("Vs", J * s.Dv);
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
     const int A = b.scratch("A", p.G * s.Dv), T = b.scratch("T", p.G * lanes);
+    const int Ph = s.tensor_cores ? p.staged("Ph", J, J) : -1; // P in the data's type
     p.own_strip();
     Expr i0 = p.start, n = p.n;
     Expr rows = b.let(min(p.G, n - i0), "rows");
@@ -638,7 +657,7 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
         // S holds the probabilities now: A += P V (on tensor cores: P rounded to the data's
         // type, 16-row blocks, J deep; Vs is zero past the tile).
         if (s.tensor_cores)
-            p.mma_rows(rows, A, s.Dv, S, Expr(J), Expr(1), Vs);
+            p.mma_rows(rows, A, s.Dv, p.rounded(Ph, S), Expr(J), Expr(1), Vs);
         else
             p.blocked_rows(
                 rows, cols, s.Dv, A, [&](Expr g, Expr x) { return g * s.Dv + x; },
@@ -762,15 +781,16 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     // The strip is staged transposed (QsT, dOsT) once, so each key tile is staged row-major
     // only (KsT just for its projections): scores and dP are [key][query] tiles.
     const int Qs = b.scratch("Qs", p.sized(s.aq, p.G * s.D)), dOs = b.scratch("dOs", p.G * s.Dv);
-    const int QsT = p.staged("QsT", J * s.D), dOsT = p.staged("dOsT", J * s.Dv);
+    const int QsT = p.staged("QsT", s.D, J), dOsT = p.staged("dOsT", s.Dv, J);
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
-    const int Ks = p.staged("Ks", J * s.D), Vs = p.staged("Vs", J * s.Dv);
+    const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", Expr(J * J)), dP = b.scratch("dP", Expr(J * J));
+    const int dSh = s.tensor_cores ? p.staged("dSh", J, J) : -1; // dS in the data's type
     p.own_part();
     Expr n = p.n;
     auto [slo, sw, part] = p.query_partials(zq_part, zb_part);
@@ -803,7 +823,7 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
                           saturated, false);
             // S holds the score gradients now, [key][query].
             if (s.tensor_cores) // dS^T rounded to the data's type, as FlashAttention does
-                p.mma_rows(rows, dQ, s.D, S, Expr(1), Expr(J), Ks);
+                p.mma_rows(rows, dQ, s.D, p.rounded(dSh, S), Expr(1), Expr(J), Ks);
             else
                 p.blocked_rows(
                     rows, cols, s.D, dQ, [&](Expr g, Expr x) { return g * s.D + x; },
@@ -831,15 +851,16 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     // The strip is staged transposed (KsT, VsT) once, so each query tile is staged row-major
     // only (QtT just for its projections): scores and dP are [query][key] tiles.
     const int Ks = b.scratch("Ks", p.sized(s.ak, p.G * s.D));
-    const int KsT = p.staged("KsT", J * s.D), VsT = p.staged("VsT", J * s.Dv);
+    const int KsT = p.staged("KsT", s.D, J), VsT = p.staged("VsT", s.Dv, J);
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.W) * J));
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dK = b.scratch("dK", p.G * s.D), dV = b.scratch("dV", p.G * s.Dv);
-    const int Qt = p.staged("Qt", J * s.D), dOt = p.staged("dOt", J * s.Dv);
+    const int Qt = p.staged("Qt", J, s.D), dOt = p.staged("dOt", J, s.Dv);
     const int QtT = b.scratch("QtT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int St = b.scratch("St", Expr(J * J)), dPt = b.scratch("dPt", Expr(J * J));
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.WJ) * J));
+    const int Th = s.tensor_cores ? p.staged("Th", J, J) : -1; // P, then dS, in the data's type
     p.own_part();
     Expr n = p.n;
     Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - p.end), "slo");
@@ -912,8 +933,8 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
                     Loop::threads);
             // St and dPt hold the probabilities and score gradients now, [query][key].
             if (s.tensor_cores) { // P^T and dS^T rounded to the data's type
-                p.mma_rows(cols, dV, s.Dv, St, Expr(1), Expr(J), dOt);
-                p.mma_rows(cols, dK, s.D, dPt, Expr(1), Expr(J), Qt);
+                p.mma_rows(cols, dV, s.Dv, p.rounded(Th, St), Expr(1), Expr(J), dOt);
+                p.mma_rows(cols, dK, s.D, p.rounded(Th, dPt), Expr(1), Expr(J), Qt);
             } else {
                 p.blocked_rows(
                     cols, rows, s.Dv, dV, [&](Expr jj, Expr x) { return jj * s.Dv + x; },
@@ -961,12 +982,12 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
     p.saved_buffers();
     // The query pass's scratch, with the strip's rows also row-major (Qs) for dK.
     const int Qs = b.scratch("Qs", p.G * s.D), dOs = b.scratch("dOs", p.G * s.Dv);
-    const int QsT = p.staged("QsT", J * s.D), dOsT = p.staged("dOsT", J * s.Dv);
+    const int QsT = p.staged("QsT", s.D, J), dOsT = p.staged("dOsT", s.Dv, J);
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dQ = b.scratch("dQ", p.G * s.D);
-    const int Ks = p.staged("Ks", J * s.D), Vs = p.staged("Vs", J * s.Dv);
+    const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     // A tile pair's key-side score gradients by offset: per key, the pair's rows from klo.

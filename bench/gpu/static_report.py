@@ -209,8 +209,10 @@ def main(ptxdir, cuobjdump, commit, out_md, out_jsonl):
 
 
 # Warp-wide shared-memory accesses by kind (jit/kir_banks.hpp): staging stores, tensor-core
-# fragment loads of A and B, the accumulator C's loads and stores, other loads in threads loops.
-BANK_KINDS = ["store", "mma A", "mma B", "mma C", "load"]
+# fragment loads of A and B (ldmatrix, or element by element), the accumulator C's loads and
+# stores, other loads in threads loops.
+BANK_KINDS = ["store", "ldmatrix A", "ldmatrix B", "mma A", "mma B", "mma C", "load"]
+FRAGMENT_KINDS = {"A": ("ldmatrix A", "mma A"), "B": ("ldmatrix B", "mma B")}
 
 
 def read_banks(path):
@@ -244,13 +246,16 @@ def bank_section(rows):
       "each address for lanes 0-31 of warp 0: in a distributed `threads` loop lane L runs "
       "iteration lo + L, other loop indices their first value, with the report's parameters "
       "(N = 8K, the instance's strip or part the whole sample); tensor-core fragments as the "
-      "lowering gathers them, one 4-byte load per element in the PTX ISA's m16n8k16 layout "
-      "(lane 4g + t: A rows g, g + 8 by columns 2t, 2t + 1, + 8; B rows 2t, 2t + 1, + 8 of "
-      "column g; C rows g, g + 8 by columns 2t, 2t + 1). The same at sm_80 and sm_90. Each "
-      "cell: accesses of that kind in the program, worst degree.\n")
-    w("| kernel | staging stores | fragment loads A | fragment loads B | accumulator C | "
-      "other loads |")
-    w("|---|---|---|---|---|---|")
+      "lowering loads them (kir::fragment_load): an ldmatrix where the operand is a half-typed "
+      "shared tile with contiguous, 16-byte aligned 8-element rows, each of its 8 x 8 matrices "
+      "one pass of 8 lanes' 16-byte rows (the cell gives the worst matrix); otherwise one load "
+      "per element in the PTX ISA's m16n8k16 layout (lane 4g + t: A rows g, g + 8 by columns "
+      "2t, 2t + 1, + 8; B rows 2t, 2t + 1, + 8 of column g; C rows g, g + 8 by columns 2t, "
+      "2t + 1). Half tiles are padded by 16 bytes per row (kir::BufferDecl::row). The same at "
+      "sm_80 and sm_90. Each cell: accesses of that kind in the program, worst degree.\n")
+    w("| kernel | staging stores | ldmatrix A | ldmatrix B | element loads A | "
+      "element loads B | accumulator C | other loads |")
+    w("|---|---|---|---|---|---|---|---|")
     for r in rows:
         b = r.get("banks")
         if r["arch"] != "sm_90" or not b:
@@ -406,16 +411,18 @@ def gate_lines(rows):
              f"({len(clean)} of {len(tc)} tensor-core kernel/arch pairs have none at all; the "
              "staged tiles are not told apart from other traffic, so none counts).")
     banked = [r for r in tc if r["arch"] == "sm_90" and r.get("banks")]
+    gated = ("store",) + FRAGMENT_KINDS["A"] + FRAGMENT_KINDS["B"]
     worst = {k: max((r["banks"][k]["worst"] for r in banked if k in r["banks"]), default=0)
-             for k in ("store", "mma A", "mma B")}
+             for k in gated}
+    worst["A"] = max(worst[k] for k in FRAGMENT_KINDS["A"])
+    worst["B"] = max(worst[k] for k in FRAGMENT_KINDS["B"])
     clean_banks = [r for r in banked
-                   if all(r["banks"][k]["worst"] == 1 for k in ("store", "mma A", "mma B")
-                          if k in r["banks"])]
+                   if all(r["banks"][k]["worst"] == 1 for k in gated if k in r["banks"])]
     g.append(("MET" if banked and len(clean_banks) == len(banked) else "MISSED")
              + ": 1-way bank conflicts on staging and fragment loads "
              f"({len(clean_banks)} of {len(banked)} tensor-core kernels conflict-free; worst "
-             f"{worst['store']}-way on staging stores, {worst['mma A']}-way on A and "
-             f"{worst['mma B']}-way on B fragment loads; derived from the addressing, see "
+             f"{worst['store']}-way on staging stores, {worst['A']}-way on A and "
+             f"{worst['B']}-way on B fragment loads; derived from the addressing, see "
              "the bank-conflict section).")
     model = model_rows(rows)
     ok_f = ok_b = 0

@@ -93,8 +93,9 @@ TEST(GpuEmulator, DetectsSharedAndScratchRacesBetweenBarriers) {
         SCOPED_TRACE(kind);
         EXPECT_EQ(run_neighbours(neighbours(space, true)), "");
         const std::string e = run_neighbours(neighbours(space, false));
-        EXPECT_NE(e.find("kernel neighbours (emulated GPU): " + kind + "-memory race on `a`["),
-                  std::string::npos)
+        EXPECT_NE(
+            e.find("kernel neighbours (emulated GPU): " + kind + "-memory race on `a` (byte "),
+            std::string::npos)
             << e;
         // Iteration j (thread j) reads word j + 1, which thread j + 1 writes: some pair of
         // neighbouring threads is named.
@@ -146,6 +147,76 @@ TEST(GpuEmulator, GemmTensorCoreFragmentsMatchTheCpu) {
         }
 }
 
+// An mma over shared tiles of element type e, A (32 x 32) stored row-major or transposed and
+// B (32 x 16) likewise, in tiles of pitch 40 (rows 16-byte aligned for the half types), or of
+// pitch 32 in arrays padded every 32 elements.
+kir::Kernel shared_operands(kir::Elem e, bool a_trans, bool b_trans, bool padded) {
+    constexpr std::int64_t M = 32, N = 16, K = 32;
+    const std::int64_t P = padded ? 32 : 40, row = padded ? 32 : 0;
+    kir::Builder b("shared_operands");
+    const int a = b.buffer("a", kir::Elem::f32), bg = b.buffer("b", kir::Elem::f32),
+              out = b.buffer("out", kir::Elem::f32);
+    const int As = b.shared("As", P * P, e, row), Bs = b.shared("Bs", P * P, e, row);
+    const int C = b.scratch("C", Expr(M * N));
+    b.loop(
+        0, M * K,
+        [&](Expr x) {
+            Expr i = x / K, l = x % K;
+            b.store(As, a_trans ? l * P + i : i * P + l, b.load(a, x));
+        },
+        kir::Loop::threads);
+    b.loop(
+        0, K * N,
+        [&](Expr x) {
+            Expr l = x / N, j = x % N;
+            b.store(Bs, b_trans ? l * P + j : j * P + l, b.load(bg, x));
+        },
+        kir::Loop::threads);
+    b.loop(
+        0, M * N, [&](Expr x) { b.store(C, x, 0.0); }, kir::Loop::threads);
+    const kir::Precision p = e == kir::Elem::bf16 ? kir::Precision::bf16 : kir::Precision::f16;
+    b.mma({C, 0, N, 1}, {As, 0, a_trans ? 1 : P, a_trans ? P : 1},
+          {Bs, 0, b_trans ? P : 1, b_trans ? 1 : P}, M, N, K, p);
+    b.loop(
+        0, M * N, [&](Expr x) { b.store(out, b.pid() * (M * N) + x, b.load(C, x)); },
+        kir::Loop::threads);
+    return b.finish();
+}
+
+// ldmatrix (and .trans) fragments on the emulated device: every layout of A and B in f16 and
+// bf16 shared tiles, padded or not, gives the CPU lowering's C bit for bit (operands k/8 make
+// every sum exact), and takes the fragment load it should; f32 tiles take scalar loads and
+// agree too.
+TEST(GpuEmulator, LdmatrixFragmentsMatchTheCpu) {
+    std::vector<float> a(32 * 32), bv(32 * 16);
+    for (std::size_t x = 0; x < a.size(); ++x) a[x] = float(int(x * 7 % 17) - 8) / 8;
+    for (std::size_t x = 0; x < bv.size(); ++x) bv[x] = float(int(x * 5 % 17) - 8) / 8;
+    using FL = kir::FragmentLoad;
+    for (kir::Elem e : {kir::Elem::f16, kir::Elem::bf16, kir::Elem::f32})
+        for (bool at : {false, true})
+            for (int layout = 0; layout < 4; ++layout) {
+                const bool bt = layout & 1, padded = layout & 2;
+                SCOPED_TRACE(std::string(e == kir::Elem::f32 ? "f32" : "half") +
+                             (at ? " A transposed" : "") + (bt ? " B transposed" : "") +
+                             (padded ? " padded" : ""));
+                const kir::Kernel k = shared_operands(e, at, bt, padded);
+                const kir::Mma& x = *k.body[3].mma;
+                const bool half = e != kir::Elem::f32;
+                EXPECT_EQ(kir::fragment_load(k, x, false), !half ? FL::elements
+                                                           : at  ? FL::ldmatrix_trans
+                                                                 : FL::ldmatrix);
+                EXPECT_EQ(kir::fragment_load(k, x, true), !half ? FL::elements
+                                                          : bt  ? FL::ldmatrix_trans
+                                                                : FL::ldmatrix);
+                std::vector<float> want(3 * 512, -1.0f), got(3 * 512, -1.0f);
+                std::vector<void*> bufs = {a.data(), bv.data(), want.data()};
+                jit::compile_kernel_cpu(k)->launch(3, bufs, {});
+                bufs[2] = got.data();
+                jit::compile_kernel_emulated(k)->launch(3, bufs, {});
+                ASSERT_EQ(got, want);
+            }
+}
+
 // The segment programs on the emulated device against their CPU lowering: bit for bit (each
 // line is reduced in index order by one thread on both).
 TEST(GpuEmulator, SegmentProgramsMatchTheCpuBitForBit) {
@@ -186,10 +257,15 @@ TEST(GpuEmulator, RelposTileProgramsMatchTheCpu) {
         DType t;
         bool causal, saved;
     };
-    const Case cases[] = {
-        {0, DType::f32, false, false}, {1, DType::f32, false, false}, {2, DType::f32, false, false},
-        {3, DType::f32, false, false}, {1, DType::f32, true, false},  {1, DType::f32, false, true},
-        {1, DType::f16, false, false}, {2, DType::bf16, true, false}, {1, DType::f16, true, true}};
+    // Every map in f32 and in both half types (tensor cores, ldmatrix fragments), masks and
+    // saved projections.
+    std::vector<Case> cases = {{1, DType::f32, true, false},
+                               {1, DType::f32, false, true},
+                               {2, DType::bf16, true, false},
+                               {1, DType::f16, true, true}};
+    for (int mechanism = 0; mechanism < 4; ++mechanism)
+        for (DType t : {DType::f32, DType::f16, DType::bf16})
+            cases.push_back({mechanism, t, false, false});
     for (const Case& k : cases) {
         const Mechanism m = mechanisms(65)[std::size_t(k.mechanism)];
         SCOPED_TRACE(m.name + (k.causal ? " causal " : " bidirectional ") +

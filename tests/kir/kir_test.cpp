@@ -4,6 +4,7 @@
 // of its GPU lowering (jit/kir_banks.hpp) against counts made by hand.
 #include "jit/kir.hpp"
 #include "jit/kir_banks.hpp"
+
 #include "jit/kir_cpu.hpp"
 #include "runtime/dtype.hpp"
 #include "runtime/error.hpp"
@@ -14,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 namespace rag {
@@ -265,6 +267,44 @@ TEST(KernelIr, BankConflictsFollowTheLoweringsAddressing) {
     EXPECT_EQ(degrees(k, "mma C"), std::vector<int>(4, 2)); // 8 g + 2t: banks repeat twice
     EXPECT_EQ(degrees(kernel(72, 1), "mma A"), std::vector<int>(8, 2));
     EXPECT_EQ(degrees(kernel(72, 1), "store"), std::vector<int>{1});
+}
+
+// ldmatrix fragments (kir::fragment_load): each 8 x 8 matrix is one pass of 8 lanes' 16-byte
+// rows. A 64-wide f16 tile puts its rows 128 bytes apart, all 8 in the same 4 banks: 8-way;
+// padded by 16 bytes a row (BufferDecl::row), the rows start 36 words apart, 4 banks each,
+// covering all 32 once: 1-way. B stored [l][j] (contiguous along j) takes .trans and the same
+// counts; an f32 tile keeps element loads.
+TEST(KernelIr, LdmatrixBankConflictsFollowThePadding) {
+    auto kernel = [](kir::Elem e, std::int64_t row) {
+        Builder b("ldsm_banks");
+        const int a = b.shared("a", 16 * 64, e, row), bt = b.shared("bt", 64 * 64, e, row);
+        const int acc = b.scratch("acc", Expr(16 * 64));
+        b.mma({acc, 0, 64, 1}, {a, 0, 64, 1}, {bt, 0, 64, 1}, 16, 64, 64, kir::Precision::f16);
+        return b.finish();
+    };
+    auto degrees = [](const kir::Kernel& k) {
+        std::map<std::string, int> d;
+        for (const auto& x : jit::kir_bank_conflicts(k, {}, [](int, std::int64_t) { return 0; }))
+            d[x.kind] = std::max(d[x.kind], x.degree);
+        return d;
+    };
+    const kir::Kernel plain = kernel(kir::Elem::f16, 0), padded = kernel(kir::Elem::f16, 64);
+    const kir::Mma& x = *plain.body[0].mma;
+    EXPECT_EQ(kir::fragment_load(plain, x, false), kir::FragmentLoad::ldmatrix);
+    EXPECT_EQ(kir::fragment_load(plain, x, true), kir::FragmentLoad::ldmatrix_trans);
+    EXPECT_EQ(degrees(plain), (std::map<std::string, int>{{"ldmatrix A", 8}, {"ldmatrix B", 8}}));
+    EXPECT_EQ(degrees(padded), (std::map<std::string, int>{{"ldmatrix A", 1}, {"ldmatrix B", 1}}));
+    const kir::Kernel f32 = kernel(kir::Elem::f32, 0);
+    EXPECT_EQ(kir::fragment_load(f32, *f32.body[0].mma, false), kir::FragmentLoad::elements);
+    EXPECT_EQ(degrees(f32).count("ldmatrix A"), 0u);
+    // Misaligned: an operand offset that is not a multiple of 8 elements.
+    Builder b("misaligned");
+    const int a = b.shared("a", 16 * 72, kir::Elem::f16),
+              bt = b.shared("bt", 16 * 8, kir::Elem::f16);
+    const int acc = b.scratch("acc", Expr(16 * 8));
+    b.mma({acc, 0, 8, 1}, {a, 4, 72, 1}, {bt, 0, 8, 1}, 16, 8, 16, kir::Precision::f16);
+    const kir::Kernel m = b.finish();
+    EXPECT_EQ(kir::fragment_load(m, *m.body[0].mma, false), kir::FragmentLoad::elements);
 }
 
 } // namespace
