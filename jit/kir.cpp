@@ -230,6 +230,65 @@ int Builder::shared(const std::string& name, std::int64_t size, Elem e, std::int
     return int(k_.buffers.size() - 1);
 }
 
+std::int64_t fragment_cols(const BufferDecl& b) {
+    return b.size.node().i / kFragmentRows;
+}
+
+int Builder::fragment(const std::string& name, std::int64_t cols) {
+    if (cols != 1 && (cols < 8 || cols % 8 != 0))
+        fail("kernel IR ", k_.name, ": fragment ", name, " of ", cols,
+             " columns (1, or a multiple of 8)");
+    k_.buffers.push_back({name, Elem::f32, Space::fragment, Expr(kFragmentRows * cols)});
+    return int(k_.buffers.size() - 1);
+}
+
+void Builder::each(int f, const std::function<void(Expr, Expr)>& body) {
+    const BufferDecl& d = decl(f);
+    if (d.space != Space::fragment) fail("kernel IR ", k_.name, ": each over ", d.name);
+    if (threads_depth_ > 0 || each_ >= 0)
+        fail("kernel IR ", k_.name, ": each inside a threads loop or another each");
+    k_.lets.push_back("r" + std::to_string(k_.lets.size()));
+    Expr r = make(Op::let, Type::i64, {}, std::int64_t(k_.lets.size() - 1));
+    k_.lets.push_back("c" + std::to_string(k_.lets.size()));
+    Expr c = make(Op::let, Type::i64, {}, std::int64_t(k_.lets.size() - 1));
+    struct Open {
+        int& each;
+        ~Open() { each = -1; }
+    } open{each_};
+    each_ = f;
+    nest({Stmt::Kind::each, f, r, c, {}, {}, {}, Loop::serial, {}}, [&] { body(r, c); }, {});
+}
+
+Expr Builder::here(int f) const {
+    const BufferDecl& d = decl(f);
+    if (each_ < 0 || d.space != Space::fragment ||
+        (fragment_cols(d) != 1 && fragment_cols(d) != fragment_cols(decl(each_))))
+        fail("kernel IR ", k_.name, ": ", d.name,
+             " read outside an each over a fragment of its columns");
+    return make(Op::here, Type::f32, {}, f);
+}
+
+void Builder::put(int f, Expr v) {
+    const BufferDecl& d = decl(f);
+    if (each_ < 0 || d.space != Space::fragment || fragment_cols(d) != fragment_cols(decl(each_)))
+        fail("kernel IR ", k_.name, ": ", d.name,
+             " written outside an each over a fragment of its columns");
+    if (is_const_int(v)) v = Expr(double(v.node().i));
+    if (v.type() != Type::f32) fail("kernel IR ", k_.name, ": ", d.name, " holds f32");
+    block().push_back({Stmt::Kind::put, f, v, {}, {}, {}, {}, Loop::serial, {}});
+}
+
+void Builder::row_reduce(int vec, int f, Reduce op) {
+    if (decl(vec).space != Space::fragment || fragment_cols(decl(vec)) != 1 ||
+        decl(f).space != Space::fragment || fragment_cols(decl(f)) == 1)
+        fail("kernel IR ", k_.name, ": row_reduce of a fragment into a row vector");
+    if (threads_depth_ > 0 || each_ >= 0)
+        fail("kernel IR ", k_.name, ": row_reduce inside a threads loop or an each");
+    Stmt s{Stmt::Kind::reduce, vec, Expr(std::int64_t(f)), {}, {}, {}, {}, Loop::serial, {}};
+    s.reduce = op;
+    block().push_back(std::move(s));
+}
+
 Expr Builder::pid() const {
     return make(Op::program_id, Type::i64, {});
 }
@@ -261,11 +320,17 @@ void Builder::set(int v, Expr e) {
 Expr Builder::load(int buf, Expr index) const {
     if (index.type() != Type::i64) fail("kernel IR ", k_.name, ": index must be an integer");
     const auto& b = k_.buffers.at(std::size_t(buf));
+    if (b.space == Space::fragment)
+        fail("kernel IR ", k_.name, ": fragment ", b.name, " is read with here()");
     return make(Op::load, value_type(b.elem), {index}, buf);
 }
 
 void Builder::store(int buf, Expr index, Expr v) {
     const auto& b = k_.buffers.at(std::size_t(buf));
+    if (b.space == Space::fragment)
+        fail("kernel IR ", k_.name, ": fragment ", b.name, " is written with put()");
+    if (each_ >= 0 && fragment_cols(decl(each_)) == 1)
+        fail("kernel IR ", k_.name, ": a store in an each over a row vector");
     if (value_type(b.elem) == Type::f32 && is_const_int(v)) v = Expr(double(v.node().i));
     if (index.type() != Type::i64 || v.type() != value_type(b.elem))
         fail("kernel IR ", k_.name, ": store to ", b.name, " of the wrong type");
@@ -317,7 +382,8 @@ void Builder::when(Expr cond, const std::function<void()>& then,
 void Builder::mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, std::int64_t k,
                   Precision p) {
     auto fail_mma = [&](const char* why) { fail("kernel IR ", k_.name, ": mma ", why); };
-    if (threads_depth_ > 0) fail_mma("inside a threads loop (it is a statement of the block)");
+    if (threads_depth_ > 0 || each_ >= 0)
+        fail_mma("inside a threads loop or an each (it is a statement of the block)");
     if (m < 1 || n < 1 || k < 1) fail_mma("with an empty extent");
     for (const Matrix* x : {&c, &a, &b}) {
         if (x->buf < 0 || std::size_t(x->buf) >= k_.buffers.size() ||
@@ -328,6 +394,20 @@ void Builder::mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, 
                 fail_mma("offsets and strides must be integers");
     }
     if (c.buf == a.buf || c.buf == b.buf) fail_mma("accumulates into one of its operands");
+    // A fragment operand is the whole fragment, row-major, C on tensor cores.
+    auto whole = [&](const Matrix& x, std::int64_t cols) {
+        auto is = [](const Expr& e, std::int64_t v) {
+            return e.node().op == Op::const_int && e.node().i == v;
+        };
+        const BufferDecl& d = decl(x.buf);
+        return is(x.offset, 0) && is(x.row, cols) && is(x.col, 1) && fragment_cols(d) == cols;
+    };
+    auto fragment_at = [&](const Matrix& x) { return decl(x.buf).space == Space::fragment; };
+    if (fragment_at(b)) fail_mma("with a fragment as B");
+    if (fragment_at(a) && !fragment_at(c)) fail_mma("with a fragment A but not C");
+    if (fragment_at(c) && (m != kFragmentRows || !whole(c, n) || (fragment_at(a) && !whole(a, k)) ||
+                           !on_tensor_cores(Mma{c, a, b, m, n, k, p})))
+        fail_mma("into a fragment that is not the whole of C on tensor cores");
     if (k_.buffers[std::size_t(c.buf)].elem != Elem::f32) fail_mma("accumulates into a half array");
     Stmt s{Stmt::Kind::mma, c.buf, {}, {}, {}, {}, {}, Loop::serial, {}};
     s.mma = std::make_shared<const Mma>(Mma{c, a, b, m, n, k, p});
@@ -392,10 +472,10 @@ std::int64_t evaluate(const Expr& e, std::span<const std::int64_t> params) {
 namespace {
 
 const char* op_name(Op op) {
-    static const char* names[] = {"",    "",     "",    "",    "",      "pid", "",    "+",
-                                  "-",   "*",    "/",   "%",   "min",   "max", "<",   "<=",
-                                  ">",   ">=",   "==",  "!=",  "&&",    "||",  "neg", "exp",
-                                  "log", "sqrt", "f32", "i64", "select"};
+    static const char* names[] = {"",    "",     "",    "",    "",       "pid", "",    "+",
+                                  "-",   "*",    "/",   "%",   "min",    "max", "<",   "<=",
+                                  ">",   ">=",   "==",  "!=",  "&&",     "||",  "neg", "exp",
+                                  "log", "sqrt", "f32", "i64", "select", "here"};
     return names[int(op)];
 }
 
@@ -424,6 +504,9 @@ void print_expr(std::ostream& os, const Kernel& k, const Expr& e) {
         os << k.buffers[std::size_t(n.i)].name << "[";
         print_expr(os, k, n.args[0]);
         os << "]";
+        return;
+    case Op::here:
+        os << k.buffers[std::size_t(n.i)].name << "[r, c]";
         return;
     default:
         break;
@@ -490,6 +573,20 @@ void print_block(std::ostream& os, const Kernel& k, const std::vector<Stmt>& bod
             os << "\n";
             continue;
         }
+        case Stmt::Kind::each:
+            os << "each " << k.lets[std::size_t(s.a.node().i)] << ", "
+               << k.lets[std::size_t(s.b.node().i)] << " of " << k.buffers[std::size_t(s.id)].name
+               << ":\n";
+            print_block(os, k, s.body, depth + 1);
+            continue;
+        case Stmt::Kind::put:
+            os << k.buffers[std::size_t(s.id)].name << "[r, c] = ";
+            break;
+        case Stmt::Kind::reduce:
+            os << k.buffers[std::size_t(s.id)].name << " = row_"
+               << (s.reduce == Reduce::max ? "max " : "sum ")
+               << k.buffers[std::size_t(s.a.node().i)].name << "\n";
+            continue;
         case Stmt::Kind::branch:
             os << "if ";
             print_expr(os, k, s.a);
@@ -515,7 +612,7 @@ std::string print(const Kernel& k) {
     os << ")\n";
     static const char* elems[] = {"f32", "f64", "f16", "bf16", "i64"};
     for (const auto& b : k.buffers) {
-        static const char* spaces[] = {"global ", "scratch ", "shared "};
+        static const char* spaces[] = {"global ", "scratch ", "shared ", "fragment "};
         os << "  " << spaces[int(b.space)] << b.name << ": " << elems[int(b.elem)];
         if (b.space != Space::global) {
             os << "[";

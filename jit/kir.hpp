@@ -12,7 +12,11 @@
 //     block's shared memory, 48 KiB in all; scratch like any other on the CPU): loads widen
 //     and stores round, as for global buffers,
 //   - immutable lets, mutable scalar variables, stores, counted loops and conditionals,
-//   - matrix multiply-accumulates over scratch or shared tiles (`mma`): tensor cores on the GPU.
+//   - matrix multiply-accumulates over scratch or shared tiles (`mma`): tensor cores on the GPU,
+//   - fragments: f32 tiles of kFragmentRows rows per program instance held in registers on
+//     the GPU (each warp owns 16 rows, in the mma accumulator's layout) and scratch on the CPU,
+//     written by `mma`, read and written element-wise by `each`, reduced along rows by
+//     `row_reduce`; a one-column fragment is a row vector (a value per row).
 // A loop marked `threads` promises that its iterations are independent and touch disjoint
 // scratch: the GPU lowering spreads it over the block's threads (with a barrier after it), the
 // CPU lowering runs it in order. This header knows nothing of LLVM.
@@ -62,6 +66,7 @@ enum class Op : std::uint8_t {
     to_f32,
     to_i64, // unary
     select, // ternary
+    here,   // inside `each`: the current element of a fragment (i: the buffer)
 };
 
 struct Node;
@@ -116,7 +121,11 @@ Expr to_i64(Expr x); // truncating
 Expr ceil_div(Expr a, Expr b);
 
 enum class Loop : std::uint8_t { serial, threads };
-enum class Space : std::uint8_t { global, scratch, shared };
+enum class Space : std::uint8_t { global, scratch, shared, fragment };
+
+// The rows of every fragment: one program instance's 4 warps of 16 rows on the GPU.
+inline constexpr std::int64_t kFragmentRows = 64;
+enum class Reduce : std::uint8_t { max, sum };
 
 // A matrix view of a scratch or shared array: element (r, c) at offset + r row + c col.
 struct Matrix {
@@ -137,12 +146,26 @@ struct Mma {
 bool on_tensor_cores(const Mma& mma);
 
 struct Stmt {
-    enum class Kind : std::uint8_t { let, assign, store, loop, branch, mma } kind;
-    std::int64_t id = 0; // let / var / buffer index; the loop's index let
-    Expr a, b, c;        // let: a; assign: a; store: index a, value b; loop: lo a, hi b; if: a
+    enum class Kind : std::uint8_t {
+        let,
+        assign,
+        store,
+        loop,
+        branch,
+        mma,
+        each,
+        put,
+        reduce
+    } kind;
+    // let / var / buffer index; the loop's index let; each, put, reduce: the fragment written
+    std::int64_t id = 0;
+    // let: a; assign: a; store: index a, value b; loop: lo a, hi b; if: a; each: the lets of
+    // row a and column b; put: value a; reduce: the fragment reduced, a constant, in a
+    Expr a, b, c;
     std::vector<Stmt> body, orelse;
     Loop loop = Loop::serial;
     std::shared_ptr<const Mma> mma; // kind mma
+    Reduce reduce = Reduce::sum;    // kind reduce
 };
 
 struct BufferDecl {
@@ -175,8 +198,11 @@ struct Kernel {
 // Whether buffer b is carved from the per-instance scratch region: scratch arrays on every
 // target, shared arrays too on the CPU (the GPU places those in shared memory instead).
 inline bool in_scratch_region(const BufferDecl& b, bool gpu) {
-    return b.space == Space::scratch || (b.space == Space::shared && !gpu);
+    return b.space == Space::scratch ||
+           (!gpu && (b.space == Space::shared || b.space == Space::fragment));
 }
+// The columns of a fragment (its size over kFragmentRows).
+std::int64_t fragment_cols(const BufferDecl& b);
 // The bytes of a scratch or shared array per program instance.
 std::int64_t array_bytes(const BufferDecl& b, std::span<const std::int64_t> params);
 
@@ -220,10 +246,24 @@ class Builder {
     void when(Expr cond, const std::function<void()>& then,
               const std::function<void()>& otherwise = {});
     // C += A B over scratch or shared tiles (see Mma): a statement of the whole program
-    // instance, so not inside a `threads` loop; C is a different array from A and B.
+    // instance, so not inside a `threads` loop; C is a different array from A and B. C may be
+    // a fragment (the whole of it: m = kFragmentRows, n its columns, on tensor cores), and
+    // then A too (the whole of one with k columns; the GPU reuses its registers).
     void mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, std::int64_t k,
              Precision p);
 
+    // A fragment of kFragmentRows x cols f32 (cols a multiple of 8, or 1: a row vector),
+    // undefined until written.
+    int fragment(const std::string& name, std::int64_t cols);
+    // body(r, c) for every element of fragment f (c = 0 for a row vector), independent of
+    // each other like the iterations of a threads loop: here() and put() of fragments with f's
+    // columns address the element (r, c), of row vectors row r (read-only unless f is one).
+    // A statement of the whole instance (not inside a threads loop or another each).
+    void each(int f, const std::function<void(Expr r, Expr c)>& body);
+    Expr here(int f) const;
+    void put(int f, Expr v);
+    // vec(r) = the max or sum of f(r, c) over c, for every row: a statement of the instance.
+    void row_reduce(int vec, int f, Reduce op);
     const BufferDecl& decl(int buf) const { return k_.buffers.at(std::size_t(buf)); }
     Kernel finish(); // checks the kernel (rag::Error naming the kernel on misuse)
 
@@ -235,6 +275,7 @@ class Builder {
     Kernel k_;
     std::vector<std::vector<Stmt>*> open_;
     int threads_depth_ = 0; // threads loops open around the current block
+    int each_ = -1;         // the fragment of the open `each`, if any
 };
 
 // The value of an expression over parameters and constants (scratch sizes, on the host).

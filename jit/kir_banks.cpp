@@ -229,6 +229,14 @@ class Analysis {
             case Stmt::Kind::mma:
                 mma(*s.mma);
                 break;
+            case Stmt::Kind::each: // fragments are registers; shared accesses in it: not listed
+                walk(s.body, spread);
+                break;
+            case Stmt::Kind::put:
+                scan(s.a, spread, seen);
+                break;
+            case Stmt::Kind::reduce:
+                break;
             }
         }
     }

@@ -27,7 +27,8 @@ static_assert(offsetof(EmuThread, tid) == kEmuTid && offsetof(EmuThread, ntid) =
               offsetof(EmuThread, nctaid) == kEmuNctaid &&
               offsetof(EmuThread, barrier) == kEmuBarrier && offsetof(EmuThread, mma) == kEmuMma &&
               offsetof(EmuThread, access) == kEmuAccess &&
-              offsetof(EmuThread, ldmatrix) == kEmuLdmatrix);
+              offsetof(EmuThread, ldmatrix) == kEmuLdmatrix &&
+              offsetof(EmuThread, shfl) == kEmuShfl);
 
 using Entry = void (*)(std::int64_t grid, const std::int64_t* params, void* const* buffers,
                        char* scratch, EmuThread* thread);
@@ -41,6 +42,7 @@ struct Fragment {
     std::uint32_t regs[6]; // mma: A: 4, B: 2
     float acc[4];
     const char* row; // ldmatrix: the row this lane addresses (null when no matrix uses it)
+    float value;     // shfl.sync
 };
 
 void on_barrier(EmuThread* t);
@@ -48,6 +50,7 @@ void on_mma(EmuThread* t, std::int64_t kind, const std::uint32_t* regs, float* a
 void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t how);
 void on_ldmatrix(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t shape,
                  std::uint32_t* out);
+float on_shfl(EmuThread* t, float v, std::int64_t mask);
 
 // The arrays a launch checks accesses against (see kir_emulator.hpp): each shared array, and
 // the scratch arrays at their offsets in a block's region, with the scratch base and the
@@ -167,8 +170,8 @@ class Block {
         : shadow(layout, ctaid), body_(body),
           stacks_(new char[std::size_t(kKirBlock) * kFiberStack]) {
         for (int t = 0; t < kKirBlock; ++t) {
-            threads_[t] = EmuThread{t,       kKirBlock, ctaid,      nctaid,      &on_barrier,
-                                    &on_mma, this,      &on_access, &on_ldmatrix};
+            threads_[t] = EmuThread{t,       kKirBlock, ctaid,      nctaid,       &on_barrier,
+                                    &on_mma, this,      &on_access, &on_ldmatrix, &on_shfl};
             getcontext(&fibers_[t]);
             fibers_[t].uc_stack.ss_sp = stacks_.get() + std::size_t(t) * kFiberStack;
             fibers_[t].uc_stack.ss_size = kFiberStack;
@@ -387,6 +390,17 @@ void on_ldmatrix(EmuThread* t, std::int64_t region, char* base, char* at, std::i
         out[m] = trans ? element(m, t2, g) | element(m, t2 + 1, g) << 16
                        : element(m, g, t2) | element(m, g, t2 + 1) << 16;
     b.wait(Block::State::at_warp); // no lane rewrites its slot before all have read
+}
+
+// shfl.sync.bfly.b32 with every lane taking part: each lane's value is in before any is read.
+float on_shfl(EmuThread* t, float v, std::int64_t mask) {
+    Block& b = *static_cast<Block*>(t->block);
+    const int warp = int(t->tid / kWarp), lane = int(t->tid % kWarp);
+    b.slots[t->tid].value = v;
+    b.wait(Block::State::at_warp);
+    const float got = b.slots[warp * kWarp + (lane ^ int(mask & 31))].value;
+    b.wait(Block::State::at_warp);
+    return got;
 }
 
 class EmulatedKernel final : public CpuKernel {

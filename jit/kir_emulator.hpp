@@ -4,9 +4,10 @@
 // the grid-stride loop over instances, shared arrays, and the tensor-core fragments of mma.
 //
 // The lowering is jit/kir_nvptx.cpp's, built for the host: special registers, bar.sync and
-// mma.sync and ldmatrix become reads of, and calls through, an EmuThread that the emulator
-// passes each thread. A launch runs its blocks one after another, each as kKirBlock fibers on
-// the calling thread (switched only at bar.sync and the warp-wide mma.sync and ldmatrix);
+// mma.sync, ldmatrix and shfl.sync become reads of, and calls through, an EmuThread that the
+// emulator passes each thread. A launch runs its blocks one after another, each as kKirBlock fibers
+// on the calling thread (switched only at bar.sync and the warp-wide mma.sync, ldmatrix and
+// shfl.sync);
 // bar.sync waits for all of them, mma.sync gathers its warp's 32 fragments and computes the
 // tile as the PTX ISA lays it out ("Matrix Fragments for mma.m16n8k16 with floating point
 // type"), and ldmatrix gathers the warp's row addresses and hands each lane its elements of
@@ -55,9 +56,11 @@ struct EmuThread {
     // lane's registers.
     void (*ldmatrix)(EmuThread*, std::int64_t region, char* base, char* at, std::int64_t shape,
                      std::uint32_t* out) = nullptr;
+    // shfl.sync.bfly.b32 over the whole warp: lane ^ mask's value.
+    float (*shfl)(EmuThread*, float v, std::int64_t mask) = nullptr;
 };
 inline constexpr int kEmuTid = 0, kEmuNtid = 8, kEmuCtaid = 16, kEmuNctaid = 24, kEmuBarrier = 32,
-                     kEmuMma = 40, kEmuAccess = 56, kEmuLdmatrix = 64;
+                     kEmuMma = 40, kEmuAccess = 56, kEmuLdmatrix = 64, kEmuShfl = 72;
 
 // The kernel lowered as for the GPU and compiled for the host. Its launch (CpuKernel's
 // interface, host pointers) runs `blocks` blocks (default: 2, fewer for smaller grids) so

@@ -108,6 +108,15 @@ void KirLowering::emit(const Stmt& s) {
     case Stmt::Kind::mma:
         mma(*s.mma);
         return;
+    case Stmt::Kind::each:
+        each(s);
+        return;
+    case Stmt::Kind::put:
+        put(s);
+        return;
+    case Stmt::Kind::reduce:
+        row_reduce(s);
+        return;
     case Stmt::Kind::branch: {
         llvm::Function* fn = b_.GetInsertBlock()->getParent();
         auto& ctx = m_.getContext();
@@ -125,6 +134,59 @@ void KirLowering::emit(const Stmt& s) {
         return;
     }
     }
+}
+
+// Fragments on the CPU: scratch arrays, row-major, every element in order.
+void KirLowering::each(const Stmt& s) {
+    const std::int64_t cols = kir::fragment_cols(k_.buffers[std::size_t(s.id)]);
+    for_range(b_.getInt64(0), b_.getInt64(kir::kFragmentRows), b_.getInt64(1), [&](llvm::Value* r) {
+        for_range(b_.getInt64(0), b_.getInt64(cols), b_.getInt64(1), [&](llvm::Value* c) {
+            lets_[s.a.node().i] = r;
+            lets_[s.b.node().i] = c;
+            current_each_ = &s;
+            emit(s.body);
+            current_each_ = nullptr;
+        });
+    });
+}
+
+llvm::Value* KirLowering::fragment_at(std::int64_t f) {
+    auto* r = lets_.at(current_each_->a.node().i);
+    auto* c = lets_.at(current_each_->b.node().i);
+    const std::int64_t cols = kir::fragment_cols(k_.buffers[std::size_t(f)]);
+    llvm::Value* at = cols == 1 ? r : b_.CreateAdd(b_.CreateMul(r, b_.getInt64(cols)), c);
+    return b_.CreateGEP(b_.getFloatTy(), buffers_[std::size_t(f)], at);
+}
+
+llvm::Value* KirLowering::here(const kir::Node& n) {
+    return b_.CreateLoad(b_.getFloatTy(), fragment_at(n.i));
+}
+
+void KirLowering::put(const Stmt& s) {
+    b_.CreateStore(value(s.a), fragment_at(s.id));
+}
+
+void KirLowering::row_reduce(const Stmt& s) {
+    const std::int64_t f = s.a.node().i, cols = kir::fragment_cols(k_.buffers[std::size_t(f)]);
+    llvm::Type* f32 = b_.getFloatTy();
+    llvm::Function* fn = b_.GetInsertBlock()->getParent();
+    llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+    llvm::Value* acc = entry.CreateAlloca(f32);
+    for_range(b_.getInt64(0), b_.getInt64(kir::kFragmentRows), b_.getInt64(1), [&](llvm::Value* r) {
+        llvm::Value* row =
+            b_.CreateGEP(f32, buffers_[std::size_t(f)], b_.CreateMul(r, b_.getInt64(cols)));
+        b_.CreateStore(b_.CreateLoad(f32, row), acc);
+        for_range(b_.getInt64(1), b_.getInt64(cols), b_.getInt64(1), [&](llvm::Value* c) {
+            llvm::Value* x = b_.CreateLoad(f32, b_.CreateGEP(f32, row, c));
+            b_.CreateStore(combine(s.reduce, b_.CreateLoad(f32, acc), x), acc);
+        });
+        b_.CreateStore(b_.CreateLoad(f32, acc), b_.CreateGEP(f32, buffers_[std::size_t(s.id)], r));
+    });
+}
+
+llvm::Value* KirLowering::combine(kir::Reduce op, llvm::Value* a, llvm::Value* x) {
+    if (op == kir::Reduce::sum) return b_.CreateFAdd(a, x);
+    return b_.CreateSelect(b_.CreateFCmpOGT(x, a), x, a); // max as the IR's max: NaN-free
 }
 
 void KirLowering::threads_loop(const Stmt& s) {
@@ -338,6 +400,8 @@ llvm::Value* KirLowering::value(const kir::Expr& e) {
         return pid_;
     case Op::load:
         return load(n);
+    case Op::here:
+        return here(n);
     default:
         break;
     }

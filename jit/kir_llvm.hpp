@@ -41,6 +41,16 @@ class KirLowering {
     virtual void store(const kir::Stmt& s);
     // An mma statement. Default: every element of C in row-major order (mma_element).
     virtual void mma(const kir::Mma& x);
+    // Fragment statements and reads. Default: fragments are scratch arrays, each visits
+    // their elements in row-major order, row_reduce folds each row in column order.
+    virtual void each(const kir::Stmt& s);
+    virtual llvm::Value* here(const kir::Node& n);
+    virtual void put(const kir::Stmt& s);
+    virtual void row_reduce(const kir::Stmt& s);
+    llvm::Value* combine(kir::Reduce op, llvm::Value* acc, llvm::Value* x);
+    // The open each statement (its row and column lets), for here() and put().
+    const kir::Stmt* current_each_ = nullptr;
+    std::map<std::int64_t, llvm::Value*>& lets() { return lets_; }
 
     // C(i, j) += the sum over l of round(A(i, l)) round(B(l, j)), l in order.
     void mma_element(const kir::Mma& x, llvm::Value* i, llvm::Value* j);
@@ -73,6 +83,7 @@ class KirLowering {
     bool keep_constant_loops_ = false;
 
   private:
+    llvm::Value* fragment_at(std::int64_t f); // the CPU's address of the current element
     void emit(const kir::Stmt& s);
     llvm::Value* load(const kir::Node& n);
     void scoped(llvm::Instruction* access, std::int64_t buf);

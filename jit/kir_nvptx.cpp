@@ -55,6 +55,11 @@ class NvptxLowering final : public KirLowering {
                 scratch_at.push_back(nullptr);
                 continue;
             }
+            if (buf.space == kir::Space::fragment) { // registers (slot())
+                buffers.push_back(nullptr);
+                scratch_at.push_back(nullptr);
+                continue;
+            }
             if (buf.space == kir::Space::shared) { // a static array of the block
                 auto* t = llvm::ArrayType::get(
                     storage_type(buf.elem),
@@ -144,6 +149,7 @@ class NvptxLowering final : public KirLowering {
     //   C: rows g, g + 8 (element q >> 1) by columns 2t + (q & 1).
     // C stays in registers over k. Otherwise the block's threads share C's elements.
     void mma(const kir::Mma& x) override {
+        if (k_.buffers[std::size_t(x.c.buf)].space == kir::Space::fragment) return fragment_mma(x);
         barrier();
         if (!kir::on_tensor_cores(x)) {
             llvm::Value* n = b_.getInt64(x.n);
@@ -197,7 +203,135 @@ class NvptxLowering final : public KirLowering {
         barrier();
     }
 
+    // Fragments live in registers: each thread holds, for warp w = tid / 32 and lane 4g + t,
+    // the mma accumulator's elements of rows 16w + g and 16w + g + 8 (element q of 16 x 8 tile
+    // jt: row 16w + g + 8 (q >> 1), column 8 jt + 2t + (q & 1), slot 4 jt + q), and of a row
+    // vector rows 16w + g (slot 0) and 16w + g + 8 (slot 1), as each of the quad's 4 lanes.
+    // Every slot index is a constant of the code (each and mma are unrolled), so the slots are
+    // an entry-block array that SROA turns into registers.
+    void each(const Stmt& s) override {
+        const std::int64_t cols = kir::fragment_cols(k_.buffers[std::size_t(s.id)]);
+        llvm::Value* lane = b_.CreateAnd(tid_, 31);
+        llvm::Value* r0 =
+            b_.CreateAdd(b_.CreateShl(b_.CreateLShr(tid_, 5), 4), b_.CreateLShr(lane, 2));
+        llvm::Value* t2 = b_.CreateShl(b_.CreateAnd(lane, 3), 1);
+        const std::int64_t slots = cols == 1 ? 2 : cols / 8 * 4;
+        ++depth_; // like a threads loop: stores are the owning thread's
+        current_each_ = &s;
+        for (std::int64_t q = 0; q < slots; ++q) {
+            slot_ = q;
+            half_ = cols == 1 ? q : (q & 3) >> 1;
+            lets()[s.a.node().i] = b_.CreateAdd(r0, b_.getInt64(8 * half_));
+            lets()[s.b.node().i] =
+                cols == 1 ? b_.getInt64(0) : b_.CreateAdd(t2, b_.getInt64(q / 4 * 8 + (q & 1)));
+            emit(s.body);
+        }
+        current_each_ = nullptr;
+        --depth_;
+    }
+    llvm::Value* here(const kir::Node& n) override {
+        return b_.CreateLoad(b_.getFloatTy(), slot_of(n.i));
+    }
+    void put(const Stmt& s) override { b_.CreateStore(value(s.a), slot_of(s.id)); }
+    // Each thread folds its own elements of a row in column order, then the quad's four
+    // partials meet by butterfly shuffles (lane ^ 1, then lane ^ 2).
+    void row_reduce(const Stmt& s) override {
+        const std::int64_t f = s.a.node().i;
+        const std::int64_t tiles = kir::fragment_cols(k_.buffers[std::size_t(f)]) / 8;
+        llvm::Type* f32 = b_.getFloatTy();
+        for (std::int64_t h = 0; h < 2; ++h) {
+            llvm::Value* acc = nullptr;
+            for (std::int64_t jt = 0; jt < tiles; ++jt)
+                for (std::int64_t e = 0; e < 2; ++e) {
+                    llvm::Value* x = b_.CreateLoad(f32, slot(f, 4 * jt + 2 * h + e));
+                    acc = acc ? combine(s.reduce, acc, x) : x;
+                }
+            for (int mask : {1, 2}) acc = combine(s.reduce, acc, shfl_xor(acc, mask));
+            b_.CreateStore(acc, slot(s.id, h));
+        }
+    }
+    // C (a fragment) += A B on tensor cores: warp w computes C's rows 16w.. for every 16 x 8
+    // tile and k step, unrolled; its accumulators are C's slots, and a fragment A's registers
+    // are its own slots packed in pairs (the C layout of two neighbouring tiles is the A layout
+    // of their 16 columns).
+    void fragment_mma(const kir::Mma& x) {
+        barrier(); // shared operands written before are complete
+        const bool f16 = x.precision == kir::Precision::f16;
+        llvm::Function* op = llvm::Intrinsic::getDeclaration(
+            &m_, f16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_f32_f32
+                     : llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16);
+        llvm::FunctionType* sig = op->getFunctionType();
+        llvm::Type* f32 = b_.getFloatTy();
+        llvm::Value* lane = b_.CreateAnd(tid_, 31);
+        llvm::Value* i0 = b_.CreateShl(b_.CreateLShr(tid_, 5), 4);
+        const bool a_fragment = k_.buffers[std::size_t(x.a.buf)].space == kir::Space::fragment;
+        for (std::int64_t ks = 0; ks < x.k / 16; ++ks) {
+            std::vector<llvm::Value*> a;
+            if (a_fragment) {
+                for (std::int64_t r = 0; r < 4; ++r)
+                    a.push_back(pack(b_.CreateLoad(f32, slot(x.a.buf, 8 * ks + 2 * r)),
+                                     b_.CreateLoad(f32, slot(x.a.buf, 8 * ks + 2 * r + 1)), f16,
+                                     sig->getParamType(unsigned(r))));
+            } else {
+                a = fragment(x, false, i0, b_.getInt64(16 * ks), lane, sig);
+            }
+            for (std::int64_t jt = 0; jt < x.n / 8; ++jt) {
+                std::vector<llvm::Value*> args = a;
+                for (llvm::Value* r :
+                     fragment(x, true, b_.getInt64(8 * jt), b_.getInt64(16 * ks), lane, sig))
+                    args.push_back(r);
+                for (std::int64_t q = 0; q < 4; ++q)
+                    args.push_back(b_.CreateLoad(f32, slot(x.c.buf, 4 * jt + q)));
+                llvm::Value* d = mma_sync(op, f16, args);
+                for (unsigned q = 0; q < 4; ++q)
+                    b_.CreateStore(b_.CreateExtractValue(d, q), slot(x.c.buf, 4 * jt + q));
+            }
+        }
+    }
+
   private:
+    // Slot q of fragment f's registers (an entry-block array made on first use).
+    llvm::Value* slot(std::int64_t f, std::int64_t q) {
+        llvm::Value*& array = fragments_[f];
+        if (!array) {
+            const std::int64_t cols = kir::fragment_cols(k_.buffers[std::size_t(f)]);
+            llvm::Function* fn = b_.GetInsertBlock()->getParent();
+            llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
+            array = entry.CreateAlloca(b_.getFloatTy(), b_.getInt32(cols == 1 ? 2 : cols / 2));
+        }
+        return b_.CreateConstGEP1_64(b_.getFloatTy(), array, std::uint64_t(q));
+    }
+    // The current element of each's fragment f: its slot, or its row's in a row vector.
+    llvm::Value* slot_of(std::int64_t f) {
+        const bool vector = kir::fragment_cols(k_.buffers[std::size_t(f)]) == 1;
+        return slot(f, vector ? half_ : slot_);
+    }
+    // Two f32 values rounded to the mma's half type, as one register (the first in the low
+    // half).
+    llvm::Value* pack(llvm::Value* v0, llvm::Value* v1, bool f16, llvm::Type* as) {
+        llvm::Value* half[2];
+        llvm::Value* v[2] = {v0, v1};
+        for (int e = 0; e < 2; ++e) {
+            llvm::Value* bits =
+                f16 ? b_.CreateBitCast(b_.CreateFPTrunc(v[e], b_.getHalfTy()), b_.getInt16Ty())
+                    : bf16_bits(v[e]);
+            half[e] = b_.CreateZExt(bits, b_.getInt32Ty());
+        }
+        return b_.CreateBitCast(b_.CreateOr(half[0], b_.CreateShl(half[1], 16)), as);
+    }
+    // shfl.sync.bfly.b32 over the whole warp: the value of lane ^ mask.
+    llvm::Value* shfl_xor(llvm::Value* v, int mask) {
+        if (!emulated_)
+            return b_.CreateCall(
+                llvm::Intrinsic::getDeclaration(&m_, llvm::Intrinsic::nvvm_shfl_sync_bfly_f32),
+                {b_.getInt32(0xffffffffu), v, b_.getInt32(std::uint32_t(mask)), b_.getInt32(31)});
+        auto* ptr = llvm::PointerType::get(m_.getContext(), 0);
+        auto* type = llvm::FunctionType::get(b_.getFloatTy(),
+                                             {ptr, b_.getFloatTy(), b_.getInt64Ty()}, false);
+        return b_.CreateCall(type, b_.CreateLoad(ptr, emu_field(kEmuShfl)),
+                             {thread_, v, b_.getInt64(mask)});
+    }
+
     // The registers of one operand's fragment, as the mma intrinsic's parameter types: A's
     // four for rows x0.. and columns y0.. (x0 = i0, y0 = l0), or B's two (x0 = j0, y0 = l0).
     // In the view V(x, y) (A(x, y), or B(y, x)), register m holds V(x0 + dx_m + g, y0 + dy_m +
@@ -228,19 +362,14 @@ class NvptxLowering final : public KirLowering {
             llvm::Value* g = b_.CreateLShr(lane, 2);
             llvm::Value* t2 = b_.CreateShl(b_.CreateAnd(lane, 3), 1);
             for (int m = 0; m < count; ++m) {
-                llvm::Value* half[2];
+                llvm::Value* v[2];
                 for (int e = 0; e < 2; ++e) {
                     llvm::Value* vx = b_.CreateAdd(b_.CreateAdd(x0, dx(i64(m))), g);
                     llvm::Value* vy =
                         b_.CreateAdd(b_.CreateAdd(y0, dy(i64(m))), b_.CreateAdd(t2, i64(e)));
-                    llvm::Value* v = widen_at(mat, at(vx, vy));
-                    v = f16 ? b_.CreateBitCast(b_.CreateFPTrunc(v, b_.getHalfTy()), b_.getInt16Ty())
-                            : bf16_bits(v);
-                    half[e] = b_.CreateZExt(v, b_.getInt32Ty());
+                    v[e] = widen_at(mat, at(vx, vy));
                 }
-                // Two elements as one 32-bit register of two halves, the first in the low half.
-                regs.push_back(b_.CreateBitCast(b_.CreateOr(half[0], b_.CreateShl(half[1], 16)),
-                                                sig->getParamType(first + unsigned(m))));
+                regs.push_back(pack(v[0], v[1], f16, sig->getParamType(first + unsigned(m))));
             }
             return regs;
         }
@@ -345,7 +474,9 @@ class NvptxLowering final : public KirLowering {
     }
 
     bool emulated_;
-    llvm::Value* thread_ = nullptr; // emulation: the EmuThread*
+    std::map<std::int64_t, llvm::Value*> fragments_; // fragment -> its slots
+    std::int64_t slot_ = 0, half_ = 0;               // each's current element
+    llvm::Value* thread_ = nullptr;                  // emulation: the EmuThread*
     llvm::Value* tid_ = nullptr;
     llvm::Value* ntid_ = nullptr;
     int depth_ = 0;

@@ -563,25 +563,104 @@ struct Program {
     }
 };
 
+// The forward on tensor cores, in FlashAttention-2's structure: warp w owns the strip's rows
+// 16w .. 16w + 15, and the scores S, the output accumulator O and the row statistics are
+// fragments (registers on the GPU): S = Q K^T into S, the relation terms and masks element by
+// element, the row max and sum by quad shuffles, P = exp(S - m) in place, O += P V with S's
+// registers as the A operand. Memory inside the key loop: the staged K and V tiles (shared,
+// ldmatrix) and the relation projections or bias table. Rows and columns past the strip and
+// the tile read the last valid ones (in bounds) and are masked to -inf.
+kir::Kernel flash_forward_program(const RelposShape& s) {
+    Program p("relpos_forward", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    static_assert(J == kir::kFragmentRows); // the strip is one fragment's rows
+    const kir::Elem e = elem_of(s.dtype);
+    const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
+    p.saved_buffers();
+    const int KsT = p.staged("KsT", s.D, J), Vs = p.staged("Vs", J, s.Dv);
+    const int Qs = p.staged("Qs", J, s.D);
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
+    const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
+    const int S = b.fragment("S", J), O = b.fragment("O", s.Dv);
+    // Per row: the running max M and sum L, the tile's max Mt and sum Lt (then O's rescale).
+    const int M = b.fragment("M", 1), L = b.fragment("L", 1);
+    const int Mt = b.fragment("Mt", 1), Lt = b.fragment("Lt", 1);
+    p.own_strip();
+    Expr i0 = p.start, n = p.n;
+    Expr rows = b.let(min(p.G, n - i0), "rows");
+    p.stage(Qs, p.q, i0, rows, s.D);
+    b.each(O, [&](Expr, Expr) { b.put(O, 0.0); });
+    b.each(M, [&](Expr, Expr) {
+        b.put(M, minus_inf);
+        b.put(L, 0.0);
+    });
+    Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
+    Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
+    if (p.projects_q()) {
+        p.stage_t(QsT, p.q, i0, rows, s.D);
+        p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
+    }
+    Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
+    b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
+        const auto tile = p.key_tile(t, i0, rows, kend, -1, KsT, Vs, ZK);
+        b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
+        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {KsT, 0, J, 1}, J, J, s.D, p.precision());
+        b.each(S, [&](Expr r, Expr c) {
+            Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
+            Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
+            Expr u = b.let(p.pair_row(i - j), "u");
+            Expr sc = p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
+            b.put(S, select(r < rows && c < tile.cols, sc, Expr(minus_inf)));
+        });
+        b.row_reduce(Mt, S, kir::Reduce::max);
+        b.each(M, [&](Expr, Expr) { b.put(Mt, max(b.here(M), b.here(Mt))); });
+        // A row with every score masked so far keeps M = -inf and weighs nothing.
+        b.each(S, [&](Expr, Expr) {
+            b.put(S, select(b.here(Mt) > Expr(minus_inf), exp(b.here(S) - b.here(Mt)), Expr(0.0)));
+        });
+        b.row_reduce(Lt, S, kir::Reduce::sum);
+        b.each(M, [&](Expr, Expr) {
+            Expr corr =
+                b.let(select(b.here(Mt) > Expr(minus_inf), exp(b.here(M) - b.here(Mt)), Expr(1.0)),
+                      "corr");
+            b.put(L, b.here(L) * corr + b.here(Lt));
+            b.put(M, b.here(Mt));
+            b.put(Lt, corr);
+        });
+        b.each(O, [&](Expr, Expr) { b.put(O, b.here(O) * b.here(Lt)); });
+        // O += P V: P rounded to the data's type by the mma, as FlashAttention does.
+        b.mma({O, 0, s.Dv, 1}, {S, 0, J, 1}, {Vs, 0, s.Dv, 1}, J, s.Dv, J, p.precision());
+    });
+    b.each(O, [&](Expr r, Expr x) {
+        b.when(r < rows, [&] {
+            b.store(out, p.at(i0 + r, x, s.Dv), b.here(O) / b.here(L));
+            b.when(x == 0,
+                   [&] { b.store(lse, (p.o + i0 + r) * p.H + p.h, b.here(M) + log(b.here(L))); });
+        });
+    });
+    return b.finish();
+}
+
 } // namespace
 
 kir::Kernel relpos_forward_program(const RelposShape& s) {
     static_assert(RelposShape::J % lanes == 0);
+    if (s.tensor_cores) return flash_forward_program(s);
     Program p("relpos_forward", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
     const kir::Elem e = elem_of(s.dtype);
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
     p.saved_buffers();
-    // With tensor cores the strip is J tokens (relpos_setup's G): Qs is staged like the tiles.
     const int KsT = p.staged("KsT", s.D, J), Vs = p.staged("Vs", J, s.Dv);
-    const int Qs = s.tensor_cores ? p.staged("Qs", J, s.D) : b.scratch("Qs", p.G * s.D);
+    const int Qs = b.scratch("Qs", p.G * s.D);
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.scratch("S", p.G * J), M = b.scratch("M", p.G), L = b.scratch("L", p.G);
     const int A = b.scratch("A", p.G * s.Dv), T = b.scratch("T", p.G * lanes);
-    const int Ph = s.tensor_cores ? p.staged("Ph", J, J) : -1; // P in the data's type
     p.own_strip();
     Expr i0 = p.start, n = p.n;
     Expr rows = b.let(min(p.G, n - i0), "rows");
@@ -649,20 +728,13 @@ kir::Kernel relpos_forward_program(const RelposShape& s) {
                         b.store(M, g, m_new);
                     },
                     [&] { b.loop(0, cols, [&](Expr jj) { b.store(S, g * J + jj, 0.0); }); });
-                // A J-deep product reads every column: those past the tile weigh nothing.
-                if (s.tensor_cores)
-                    b.loop(cols, Expr(J), [&](Expr jj) { b.store(S, g * J + jj, 0.0); });
             },
             Loop::threads);
-        // S holds the probabilities now: A += P V (on tensor cores: P rounded to the data's
-        // type, 16-row blocks, J deep; Vs is zero past the tile).
-        if (s.tensor_cores)
-            p.mma_rows(rows, A, s.Dv, p.rounded(Ph, S), Expr(J), Expr(1), Vs);
-        else
-            p.blocked_rows(
-                rows, cols, s.Dv, A, [&](Expr g, Expr x) { return g * s.Dv + x; },
-                [&](Expr g, Expr jj) { return b.load(S, g * J + jj); },
-                [&](Expr jj, Expr x) { return b.load(Vs, jj * s.Dv + x); });
+        // S holds the probabilities now: A += P V.
+        p.blocked_rows(
+            rows, cols, s.Dv, A, [&](Expr g, Expr x) { return g * s.Dv + x; },
+            [&](Expr g, Expr jj) { return b.load(S, g * J + jj); },
+            [&](Expr jj, Expr x) { return b.load(Vs, jj * s.Dv + x); });
     });
     p.finish_forward_strip(out, lse, A, M, L, i0, rows);
     return b.finish();

@@ -57,6 +57,9 @@ enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_WP, P_WS, P_COUNT };
 kir::Kernel relpos_project_program(const RelposShape& s);
 
 // Forward: buffers q, k, v, eq, ek, eb, tiles, out, lse; writes O and the row log-sum-exp.
+// With tensor cores in FlashAttention-2's structure: the scores, the output accumulator and the
+// row statistics are kernel-IR fragments (registers on the GPU, each warp 16 of the strip's
+// rows), the products mma statements into them.
 kir::Kernel relpos_forward_program(const RelposShape& s);
 // The same forward for the CPU: score tiles key-major (S^T = K Q^T), so the strip's queries
 // are staged transposed once per strip and key and value tiles are read in place (the GPU's

@@ -6,6 +6,7 @@
 // warps, libdevice) is left to tests/gpu/run.sh on a GPU.
 #include "jit/gemm_programs.hpp"
 #include "jit/kir_emulator.hpp"
+#include "jit/kir_nvptx.hpp"
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos.hpp"
 #include "jit/relpos_step.hpp"
@@ -215,6 +216,65 @@ TEST(GpuEmulator, LdmatrixFragmentsMatchTheCpu) {
                 jit::compile_kernel_emulated(k)->launch(3, bufs, {});
                 ASSERT_EQ(got, want);
             }
+}
+
+// Fragments (registers on the GPU, scratch on the CPU): C = A B into a fragment from shared
+// f16 tiles, an element-wise update that reads the row and column, row max and row sum by
+// quad shuffles, and D = C' B2 with the fragment C' as A (its registers reused as the A
+// fragment), then every element out. Integer operands keep every sum exact, so the emulated
+// GPU and the CPU agree bit for bit.
+kir::Kernel fragment_program() {
+    constexpr std::int64_t R = kir::kFragmentRows, K = 32, N = 16, N2 = 8;
+    kir::Builder b("fragments");
+    const int a = b.buffer("a", kir::Elem::f32), bg = b.buffer("b", kir::Elem::f32),
+              out = b.buffer("out", kir::Elem::f32), stats = b.buffer("stats", kir::Elem::f32);
+    const int As = b.shared("As", R * K, kir::Elem::f16, K),
+              Bs = b.shared("Bs", K * N + N * N2, kir::Elem::f16, 8);
+    const int C = b.fragment("C", N), D = b.fragment("D", N2);
+    const int mx = b.fragment("mx", 1), sm = b.fragment("sm", 1);
+    b.loop(
+        0, R * K, [&](Expr x) { b.store(As, x, b.load(a, x)); }, kir::Loop::threads);
+    b.loop(
+        0, K * N + N * N2, [&](Expr x) { b.store(Bs, x, b.load(bg, x)); }, kir::Loop::threads);
+    b.each(C, [&](Expr, Expr) { b.put(C, 0.0); });
+    b.each(D, [&](Expr, Expr) { b.put(D, 0.0); });
+    // B stored [j][l] (contiguous along l: ldmatrix), B2 [l][j] (.trans).
+    b.mma({C, 0, N, 1}, {As, 0, K, 1}, {Bs, 0, 1, K}, R, N, K, kir::Precision::f16);
+    b.each(C, [&](Expr r, Expr c) { b.put(C, b.here(C) * 2.0 + to_f32(r - c * 3)); });
+    b.row_reduce(mx, C, kir::Reduce::max);
+    b.row_reduce(sm, C, kir::Reduce::sum);
+    b.each(mx, [&](Expr, Expr) { b.put(mx, b.here(mx) - 1.0); });
+    b.mma({D, 0, N2, 1}, {C, 0, N, 1}, {Bs, K * N, N2, 1}, R, N2, N, kir::Precision::f16);
+    b.each(D, [&](Expr r, Expr c) {
+        b.store(out, (b.pid() * R + r) * N2 + c, b.here(D) + b.here(mx));
+        b.when(c == 0, [&] {
+            b.store(stats, (b.pid() * R + r) * 2, b.here(mx));
+            b.store(stats, (b.pid() * R + r) * 2 + 1, b.here(sm));
+        });
+    });
+    return b.finish();
+}
+
+TEST(GpuEmulator, FragmentsMatchTheCpu) {
+    std::vector<float> a(64 * 32), bv(32 * 16 + 16 * 8);
+    for (std::size_t x = 0; x < a.size(); ++x) a[x] = float(int(x * 7 % 3) - 1);
+    for (std::size_t x = 0; x < bv.size(); ++x) bv[x] = float(int(x * 5 % 3) - 1);
+    const kir::Kernel k = fragment_program();
+    std::vector<float> want(2 * 64 * 8, -7.0f), got = want, wstats(2 * 64 * 2, -7.0f),
+                                                gstats = wstats;
+    std::vector<void*> bufs = {a.data(), bv.data(), want.data(), wstats.data()};
+    jit::compile_kernel_cpu(k)->launch(2, bufs, {});
+    bufs[2] = got.data();
+    bufs[3] = gstats.data();
+    jit::compile_kernel_emulated(k)->launch(2, bufs, {});
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(gstats, wstats);
+    // Not trivially equal: rows differ, and every value was written.
+    EXPECT_NE(want[0], want[8]);
+    for (float v : want) ASSERT_NE(v, -7.0f);
+    const std::string ptx = jit::kir_ptx(k, "sm_90");
+    EXPECT_NE(ptx.find("shfl.sync.bfly.b32"), std::string::npos);
+    EXPECT_EQ(ptx.find(".local"), std::string::npos) << "fragments spilled to local memory";
 }
 
 // The segment programs on the emulated device against their CPU lowering: bit for bit (each

@@ -68,8 +68,14 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
             // The tensor-core shapes' programs (the reduction has no products) use mma.sync.
             const bool mma = kir::print(k).find("mma.") != std::string::npos;
             EXPECT_EQ(ptx.find("mma.sync.aligned.m16n8k16") != std::string::npos, mma) << k.name;
-            // ... and stage their tiles in shared memory.
+            // ... and stage their tiles in shared memory, loading fragments with ldmatrix; the
+            // forward keeps its scores in registers (row statistics by quad shuffles).
             EXPECT_EQ(ptx.find(".shared .align 16") != std::string::npos, mma) << k.name;
+            EXPECT_EQ(ptx.find("ldmatrix.sync.aligned.m8n8") != std::string::npos, mma)
+                << k.name;
+            if (mma && k.name == "relpos_forward") {
+                EXPECT_NE(ptx.find("shfl.sync.bfly.b32"), std::string::npos);
+            }
             PtxasResult r = run_ptxas(ptx, arch);
             EXPECT_EQ(r.status, 0) << k.name << " for " << arch << ":\n" << r.output;
         }

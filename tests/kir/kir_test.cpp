@@ -307,5 +307,33 @@ TEST(KernelIr, LdmatrixBankConflictsFollowThePadding) {
     EXPECT_EQ(kir::fragment_load(m, *m.body[0].mma, false), kir::FragmentLoad::elements);
 }
 
+// Fragments are addressed only through each (here, put) and whole-fragment statements; the
+// builder rejects the rest with the kernel's name.
+TEST(KernelIr, FragmentMisuseIsAnError) {
+    Builder b("frags");
+    const int out = b.buffer("out", kir::Elem::f32);
+    const int f = b.fragment("f", 16), g = b.fragment("g", 8), v = b.fragment("v", 1);
+    const int sh = b.shared("sh", 64 * 16, kir::Elem::f16, 16);
+    EXPECT_THROW(b.fragment("odd", 12), Error);
+    EXPECT_THROW(b.here(f), Error);          // outside an each
+    EXPECT_THROW(b.load(f, Expr(0)), Error); // fragments are not memory
+    EXPECT_THROW(b.store(f, Expr(0), 1.0), Error);
+    EXPECT_THROW(b.each(f, [&](Expr, Expr) { b.put(g, 1.0); }), Error); // other columns
+    EXPECT_THROW(b.each(f, [&](Expr, Expr) { b.put(v, 1.0); }), Error); // a row vector
+    EXPECT_THROW(b.each(v, [&](Expr, Expr) { b.store(out, Expr(0), 1.0); }), Error);
+    EXPECT_THROW(b.each(f, [&](Expr, Expr) { b.row_reduce(v, f, kir::Reduce::max); }), Error);
+    EXPECT_THROW(
+        b.mma({f, 0, 16, 1}, {sh, 0, 16, 1}, {sh, 0, 16, 1}, 32, 16, 16, kir::Precision::f16),
+        Error); // not the whole fragment
+    EXPECT_THROW(b.mma({f, 0, 16, 1}, {sh, 0, 16, 1}, {g, 0, 8, 1}, 64, 16, 8, kir::Precision::f16),
+                 Error); // a fragment B
+    EXPECT_THROW(
+        b.mma({f, 0, 16, 1}, {sh, 0, 16, 1}, {sh, 0, 16, 1}, 64, 16, 16, kir::Precision::f32),
+        Error);                                                              // not on tensor cores
+    b.each(f, [&](Expr r, Expr c) { b.put(f, b.here(v) + to_f32(r + c)); }); // fine
+    b.mma({f, 0, 16, 1}, {sh, 0, 16, 1}, {sh, 0, 16, 1}, 64, 16, 16, kir::Precision::f16);
+    EXPECT_NO_THROW(b.finish());
+}
+
 } // namespace
 } // namespace rag
