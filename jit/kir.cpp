@@ -70,6 +70,8 @@ bool multiple_of(const Expr& e, std::int64_t m) {
         return multiple_of(n.args[0], m) && multiple_of(n.args[1], m);
     case Op::mul:
         return multiple_of(n.args[0], m) || multiple_of(n.args[1], m);
+    case Op::rem:
+        return multiple_of(n.args[0], m) && multiple_of(n.args[1], m);
     default:
         return false;
     }
@@ -337,6 +339,18 @@ void Builder::store(int buf, Expr index, Expr v) {
     block().push_back({Stmt::Kind::store, buf, index, v, {}, {}, {}, Loop::serial, {}});
 }
 
+void Builder::copy16(int dst, Expr di, int src, Expr si) {
+    const BufferDecl &d = decl(dst), &from = decl(src);
+    if (d.elem != from.elem || d.space == Space::fragment || from.space == Space::fragment)
+        fail("kernel IR ", k_.name, ": copy16 from ", from.name, " to ", d.name,
+             " (arrays of one element type)");
+    if (di.type() != Type::i64 || si.type() != Type::i64)
+        fail("kernel IR ", k_.name, ": index must be an integer");
+    if (threads_depth_ == 0) fail("kernel IR ", k_.name, ": copy16 outside a threads loop");
+    block().push_back(
+        {Stmt::Kind::copy, dst, di, si, Expr(std::int64_t(src)), {}, {}, Loop::serial, {}});
+}
+
 void Builder::nest(Stmt s, const std::function<void()>& fill_body,
                    const std::function<void()>& fill_else) {
     // A misuse inside a body throws; the builder then stays as it was before this statement.
@@ -582,6 +596,13 @@ void print_block(std::ostream& os, const Kernel& k, const std::vector<Stmt>& bod
         case Stmt::Kind::put:
             os << k.buffers[std::size_t(s.id)].name << "[r, c] = ";
             break;
+        case Stmt::Kind::copy:
+            os << k.buffers[std::size_t(s.id)].name << "[";
+            print_expr(os, k, s.a);
+            os << " ..] = " << k.buffers[std::size_t(s.c.node().i)].name << "[";
+            print_expr(os, k, s.b);
+            os << " ..] (16 bytes)\n";
+            continue;
         case Stmt::Kind::reduce:
             os << k.buffers[std::size_t(s.id)].name << " = row_"
                << (s.reduce == Reduce::max ? "max " : "sum ")

@@ -155,12 +155,14 @@ struct Stmt {
         mma,
         each,
         put,
-        reduce
+        reduce,
+        copy
     } kind;
     // let / var / buffer index; the loop's index let; each, put, reduce: the fragment written
     std::int64_t id = 0;
     // let: a; assign: a; store: index a, value b; loop: lo a, hi b; if: a; each: the lets of
-    // row a and column b; put: value a; reduce: the fragment reduced, a constant, in a
+    // row a and column b; put: value a; reduce: the fragment reduced, a constant, in a; copy:
+    // destination index a, source index b, source buffer (a constant) c
     Expr a, b, c;
     std::vector<Stmt> body, orelse;
     Loop loop = Loop::serial;
@@ -216,7 +218,7 @@ std::int64_t array_bytes(const BufferDecl& b, std::span<const std::int64_t> para
 enum class FragmentLoad : std::uint8_t { elements, ldmatrix, ldmatrix_trans };
 FragmentLoad fragment_load(const Kernel& k, const Mma& x, bool operand_b);
 // Whether e is a multiple of m whatever the parameters, lets and loads (conservative: integer
-// constants, and sums, differences and products built from multiples).
+// constants, and sums, differences, products and remainders built from multiples).
 bool multiple_of(const Expr& e, std::int64_t m);
 
 // Writes kernels as C++ code: each call appends to the innermost open block.
@@ -242,6 +244,11 @@ class Builder {
     Expr load(int buf, Expr index) const;
     void store(int buf, Expr index, Expr v);
     void add_to(int buf, Expr index, Expr v) { store(buf, index, load(buf, index) + v); }
+    // dst[di + x] = src[si + x] for the x < 16 / element bytes of one 16-byte vector, dst and
+    // src of one element type (no conversion), inside a threads loop. The GPU moves them as
+    // one 16-byte load and store when multiple_of shows both indices are multiples of the
+    // count and the source is 16-byte aligned at run time, else element by element.
+    void copy16(int dst, Expr di, int src, Expr si);
     void loop(Expr lo, Expr hi, const std::function<void(Expr)>& body, Loop kind = Loop::serial);
     void when(Expr cond, const std::function<void()>& then,
               const std::function<void()>& otherwise = {});

@@ -118,10 +118,10 @@ class Analysis {
         return word(m.buf, index(m, r, c));
     }
 
-    // One ldmatrix of `count` 8 x 8 matrices: matrix m is read in its own pass of 8 lanes'
-    // 16-byte rows (4 words each), at the lanes' row addresses (first element, row(lane)); the
-    // degree listed is the worst matrix's.
-    void record_ldmatrix(int buf, const char* kind, int count, const std::function<Value()>& row) {
+    // One warp-wide access of 16 bytes per lane (an ldmatrix of `count` 8 x 8 matrices, or
+    // a 16-byte copy: count 4): lanes 8m .. 8m + 7 are served in their own pass, 4 words each,
+    // at row(lane) (an element index); the degree listed is the worst pass's.
+    void record_vector(int buf, const char* kind, int count, const std::function<Value()>& row) {
         int degree = 0;
         for (int m = 0; m < count && degree >= 0; ++m) {
             std::vector<std::int64_t> words;
@@ -163,7 +163,7 @@ class Analysis {
         const kir::FragmentLoad fb = kir::fragment_load(k_, x, true);
         if (fa != kir::FragmentLoad::elements) {
             const bool trans = fa == kir::FragmentLoad::ldmatrix_trans;
-            record_ldmatrix(x.a.buf, "ldmatrix A", 4, [&] {
+            record_vector(x.a.buf, "ldmatrix A", 4, [&] {
                 const std::int64_t dx = (m() & 1) * 8, dy = (m() >> 1) * 8;
                 return trans ? index(x.a, dx, dy + i()) : index(x.a, dx + i(), dy);
             });
@@ -176,7 +176,7 @@ class Analysis {
         }
         if (fb != kir::FragmentLoad::elements) {
             const bool trans = fb == kir::FragmentLoad::ldmatrix_trans;
-            record_ldmatrix(x.b.buf, "ldmatrix B", 2, [&] {
+            record_vector(x.b.buf, "ldmatrix B", 2, [&] {
                 return trans ? index(x.b, 8 * m() + i(), 0) : index(x.b, 8 * m(), i());
             });
         } else if (shared(x.b.buf)) {
@@ -236,6 +236,14 @@ class Analysis {
                 scan(s.a, spread, seen);
                 break;
             case Stmt::Kind::reduce:
+                break;
+            case Stmt::Kind::copy: // 16 bytes per lane, as the lowering vectorises it
+                scan(s.a, spread, seen);
+                scan(s.b, spread, seen);
+                if (spread && shared(int(s.id)))
+                    record_vector(int(s.id), "store", 4, [&] { return eval(s.a); });
+                if (spread && shared(int(s.c.node().i)))
+                    record_vector(int(s.c.node().i), "load", 4, [&] { return eval(s.b); });
                 break;
             }
         }

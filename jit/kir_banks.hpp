@@ -16,6 +16,7 @@
 //     worst matrix); any other as the lowering gathers it, one load per element of the PTX
 //     ISA's m16n8k16 fragments (lane = 4 g + t; A: rows g, g + 8 by columns 2t, 2t + 1, + 8;
 //     B: rows 2t, 2t + 1, + 8 of column g; C: rows g, g + 8 by columns 2t, 2t + 1).
+//   - a copy16 in a distributed threads loop: 16 bytes per lane, 8 lanes a pass.
 // Element indices become words through the array's element size and padding (BufferDecl).
 // Index expressions are evaluated with the given parameters and with each load of a global
 // buffer answered by `global` (the strip list, for instance); an index that still depends on

@@ -117,6 +117,9 @@ void KirLowering::emit(const Stmt& s) {
     case Stmt::Kind::reduce:
         row_reduce(s);
         return;
+    case Stmt::Kind::copy:
+        copy16(s);
+        return;
     case Stmt::Kind::branch: {
         llvm::Function* fn = b_.GetInsertBlock()->getParent();
         auto& ctx = m_.getContext();
@@ -182,6 +185,20 @@ void KirLowering::row_reduce(const Stmt& s) {
         });
         b_.CreateStore(b_.CreateLoad(f32, acc), b_.CreateGEP(f32, buffers_[std::size_t(s.id)], r));
     });
+}
+
+void KirLowering::copy16(const Stmt& s) {
+    const std::int64_t src = s.c.node().i;
+    const kir::Elem e = k_.buffers[std::size_t(s.id)].elem;
+    llvm::Type* t = storage_type(e);
+    llvm::Value *di = value(s.a), *si = value(s.b);
+    for (std::int64_t x = 0; x < 16 / kir::elem_bytes(e); ++x) {
+        llvm::Value* at = physical(src, b_.CreateAdd(si, b_.getInt64(x)));
+        llvm::LoadInst* l = b_.CreateLoad(t, b_.CreateGEP(t, buffers_[std::size_t(src)], at));
+        scoped(l, src);
+        at = physical(s.id, b_.CreateAdd(di, b_.getInt64(x)));
+        scoped(b_.CreateStore(l, b_.CreateGEP(t, buffers_[std::size_t(s.id)], at)), s.id);
+    }
 }
 
 llvm::Value* KirLowering::combine(kir::Reduce op, llvm::Value* a, llvm::Value* x) {

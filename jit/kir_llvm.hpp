@@ -47,6 +47,8 @@ class KirLowering {
     virtual llvm::Value* here(const kir::Node& n);
     virtual void put(const kir::Stmt& s);
     virtual void row_reduce(const kir::Stmt& s);
+    // copy16: default element by element, in order.
+    virtual void copy16(const kir::Stmt& s);
     llvm::Value* combine(kir::Reduce op, llvm::Value* acc, llvm::Value* x);
     // The open each statement (its row and column lets), for here() and put().
     const kir::Stmt* current_each_ = nullptr;
@@ -82,11 +84,12 @@ class KirLowering {
     // the loop vectoriser sees them as loops (see for_range in kir_llvm.cpp).
     bool keep_constant_loops_ = false;
 
+    void scoped(llvm::Instruction* access, std::int64_t buf);
+
   private:
     llvm::Value* fragment_at(std::int64_t f); // the CPU's address of the current element
     void emit(const kir::Stmt& s);
     llvm::Value* load(const kir::Node& n);
-    void scoped(llvm::Instruction* access, std::int64_t buf);
     llvm::Type* type(kir::Type t);
 
     llvm::Value* pid_ = nullptr;

@@ -289,6 +289,40 @@ class NvptxLowering final : public KirLowering {
         }
     }
 
+    // copy16 as one 16-byte load and store when the indices are multiples of the count (so
+    // both addresses are 16-byte aligned when the bases are: shared arrays are, padded rows
+    // included, and the source base is checked here at run time), else element by element.
+    void copy16(const Stmt& s) override {
+        const std::int64_t src = s.c.node().i;
+        const kir::Elem e = k_.buffers[std::size_t(s.id)].elem;
+        const std::int64_t n = 16 / kir::elem_bytes(e);
+        const kir::BufferDecl& to = k_.buffers[std::size_t(s.id)];
+        const kir::BufferDecl& from = k_.buffers[std::size_t(src)];
+        if (!kir::multiple_of(s.a, n) || !kir::multiple_of(s.b, n) || to.row % n != 0 ||
+            from.row % n != 0)
+            return KirLowering::copy16(s);
+        llvm::Function* fn = b_.GetInsertBlock()->getParent();
+        auto& ctx = m_.getContext();
+        auto* vector = llvm::BasicBlock::Create(ctx, "vector", fn);
+        auto* scalar = llvm::BasicBlock::Create(ctx, "scalar", fn);
+        auto* done = llvm::BasicBlock::Create(ctx, "copied", fn);
+        llvm::Value* base = b_.CreatePtrToInt(buffer(int(src)), b_.getInt64Ty());
+        b_.CreateCondBr(b_.CreateICmpEQ(b_.CreateAnd(base, 15), b_.getInt64(0)), vector, scalar);
+        b_.SetInsertPoint(vector);
+        llvm::Type* t = storage_type(e);
+        auto* v = llvm::FixedVectorType::get(t, unsigned(n));
+        llvm::Value* from_at = b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b)));
+        llvm::LoadInst* l = b_.CreateAlignedLoad(v, from_at, llvm::Align(16));
+        scoped(l, src);
+        llvm::Value* to_at = b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a)));
+        scoped(b_.CreateAlignedStore(l, to_at, llvm::Align(16)), s.id);
+        b_.CreateBr(done);
+        b_.SetInsertPoint(scalar);
+        KirLowering::copy16(s);
+        b_.CreateBr(done);
+        b_.SetInsertPoint(done);
+    }
+
   private:
     // Slot q of fragment f's registers (an entry-block array made on first use).
     llvm::Value* slot(std::int64_t f, std::int64_t q) {

@@ -136,7 +136,18 @@ struct Program {
     // stores 32 consecutive words (no shared-memory bank conflict; by rows it was 32-way) and
     // loads from consecutive addresses of a row; the host keeps its loop by rows.
     void stage(int dst, int src, Expr first, Expr count, std::int64_t width) {
-        if (s.tensor_cores)
+        // A shared tile of the data's type takes 16 bytes a thread (copy16: one vector load
+        // and store; indices built without lets, so multiple_of sees they are aligned).
+        const std::int64_t n = 16 / kir::elem_bytes(b.decl(src).elem);
+        if (s.tensor_cores && b.decl(dst).elem == b.decl(src).elem && width % n == 0)
+            b.loop(
+                0, count * (width / n),
+                [&](Expr v) {
+                    Expr e = v * n;
+                    b.copy16(dst, e, src, at(first + e / Expr(width), e % Expr(width), width));
+                },
+                Loop::threads);
+        else if (s.tensor_cores)
             b.loop(
                 0, count * width,
                 [&](Expr e) {
@@ -578,8 +589,10 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     const kir::Elem e = elem_of(s.dtype);
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
     p.saved_buffers();
-    const int KsT = p.staged("KsT", s.D, J), Vs = p.staged("Vs", J, s.Dv);
-    const int Qs = p.staged("Qs", J, s.D);
+    // Tiles staged row-major (16-byte copies); keys also transposed when they are projected.
+    const int Qs = p.staged("Qs", J, s.D), Ks = p.staged("Ks", J, s.D);
+    const int Vs = p.staged("Vs", J, s.Dv);
+    const int KsT = p.projects_k() ? p.staged("KsT", s.D, J) : -1;
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
@@ -604,9 +617,9 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     }
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
     b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-        const auto tile = p.key_tile(t, i0, rows, kend, -1, KsT, Vs, ZK);
+        const auto tile = p.key_tile(t, i0, rows, kend, Ks, KsT, Vs, ZK);
         b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
-        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {KsT, 0, J, 1}, J, J, s.D, p.precision());
+        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, 0, 1, s.D}, J, J, s.D, p.precision());
         b.each(S, [&](Expr r, Expr c) {
             Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
             Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");

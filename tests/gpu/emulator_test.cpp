@@ -277,6 +277,37 @@ TEST(GpuEmulator, FragmentsMatchTheCpu) {
     EXPECT_EQ(ptx.find(".local"), std::string::npos) << "fragments spilled to local memory";
 }
 
+// copy16: 16-byte vector copies from a global f16 buffer into a padded shared tile (one
+// load and store each when the source is 16-byte aligned, element by element when it is not),
+// then out; both give the CPU's values, and the PTX has the 16-byte accesses.
+TEST(GpuEmulator, VectorCopiesMatchTheCpuAlignedOrNot) {
+    kir::Builder b("copies");
+    const int src = b.buffer("src", kir::Elem::f16), out = b.buffer("out", kir::Elem::f32);
+    const int tile = b.shared("tile", 16 * 32, kir::Elem::f16, 32);
+    b.loop(
+        0, 16 * 32 / 8, [&](Expr v) { b.copy16(tile, v * 8, src, (b.pid() * 64 + v) * 8); },
+        kir::Loop::threads);
+    b.loop(
+        0, 16 * 32, [&](Expr x) { b.store(out, b.pid() * 512 + x, b.load(tile, x)); },
+        kir::Loop::threads);
+    const kir::Kernel k = b.finish();
+    std::vector<std::uint16_t> halves(2 * 512 + 8);
+    for (std::size_t x = 0; x < halves.size(); ++x) halves[x] = float_to_half(float(x % 977));
+    for (std::size_t skew : {0, 1}) {
+        SCOPED_TRACE(skew ? "unaligned" : "aligned");
+        std::vector<float> want(1024, -1.0f), got(1024, -1.0f);
+        std::vector<void*> bufs = {halves.data() + 8 - skew * 1, want.data()};
+        jit::compile_kernel_cpu(k)->launch(2, bufs, {});
+        bufs[1] = got.data();
+        jit::compile_kernel_emulated(k)->launch(2, bufs, {});
+        EXPECT_EQ(got, want);
+        EXPECT_EQ(want[1], float((8 - skew + 1) % 977));
+    }
+    const std::string ptx = jit::kir_ptx(k, "sm_90");
+    EXPECT_NE(ptx.find("ld.global.v4.b32"), std::string::npos) << ptx;
+    EXPECT_NE(ptx.find("st.shared.v4.b32"), std::string::npos) << ptx;
+}
+
 // The segment programs on the emulated device against their CPU lowering: bit for bit (each
 // line is reduced in index order by one thread on both).
 TEST(GpuEmulator, SegmentProgramsMatchTheCpuBitForBit) {
