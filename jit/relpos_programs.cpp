@@ -660,7 +660,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
 
 kir::Kernel relpos_forward_program(const RelposShape& s) {
     static_assert(RelposShape::J % lanes == 0);
-    if (s.tensor_cores) return flash_forward_program(s);
+    if (relpos_flash(s)) return flash_forward_program(s);
     Program p("relpos_forward", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
@@ -850,7 +850,107 @@ kir::Kernel relpos_host_forward_program(const RelposShape& s) {
     return b.finish();
 }
 
+namespace {
+
+// The query pass on tensor cores, in FlashAttention-2's structure: per strip, for each key tile,
+// S = Q K^T and dP = dO V^T into fragments (warp w: the strip's rows 16w..), dS = P (dP - D)
+// scale element by element (P = exp(S - lse), relation terms and masks as in the forward),
+// dQ += dS K into a fragment with dS's registers as A. Where tables need dS by offset, it is
+// also stored to a [query][key] tile for by_offset. dQ leaves the registers once per strip.
+kir::Kernel flash_query_grad_program(const RelposShape& s) {
+    Program p("relpos_query_grad", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    const kir::Elem e = elem_of(s.dtype);
+    const bool by_row = s.aq || s.bias; // whether dZQ is needed
+    const int dO = b.buffer("dO", e), out = b.buffer("out", e);
+    const int lse = b.buffer("lse", kir::Elem::f32), dq = b.buffer("dq", e);
+    const int delta = b.buffer("delta", kir::Elem::f32);
+    const int zq_part = b.buffer("zq_part", kir::Elem::f32);
+    const int zb_part = b.buffer("zb_part", kir::Elem::f32);
+    const int range = b.buffer("range", kir::Elem::i64);
+    p.saved_buffers();
+    const int Qs = p.staged("Qs", J, s.D), dOs = p.staged("dOs", J, s.Dv);
+    const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
+    const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
+    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
+    const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
+    const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
+    const int dSx = b.scratch("dSx", by_row ? Expr(J * J) : Expr(1)); // [query][key]
+    const int dQx = b.scratch("dQx", p.G * s.D);
+    const int S = b.fragment("S", J), dP = b.fragment("dP", J), dQ = b.fragment("dQ", s.D);
+    const int Lv = b.fragment("Lv", 1), Dv = b.fragment("Dv", 1);
+    p.own_part();
+    Expr n = p.n;
+    auto [slo, sw, part] = p.query_partials(zq_part, zb_part);
+    p.over_strips([&](Expr i0, Expr rows) {
+        Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
+        Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
+        p.stage(Qs, p.q, i0, rows, s.D);
+        p.stage(dOs, dO, i0, rows, s.Dv);
+        if (p.projects_q()) p.stage_t(QsT, p.q, i0, rows, s.D);
+        b.loop(
+            0, rows,
+            [&](Expr g) {
+                Expr d = p.row_delta(dOs, out, i0, g);
+                b.store(Dg, g, d);
+                b.store(delta, (p.o + i0 + g) * p.H + p.h, d);
+                b.store(Lg, g, b.load(lse, (p.o + i0 + g) * p.H + p.h));
+                if (by_row) b.loop(0, wq, [&](Expr w) { b.store(dZ, g * p.W + w, 0.0); });
+            },
+            Loop::threads);
+        b.each(Lv, [&](Expr r, Expr) {
+            Expr ra = min(r, rows - 1);
+            b.put(Lv, b.load(Lg, ra));
+            b.put(Dv, b.load(Dg, ra));
+        });
+        b.each(dQ, [&](Expr, Expr) { b.put(dQ, 0.0); });
+        if (p.projects_q()) p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
+        Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
+        b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
+            const auto tile = p.key_tile(t, i0, rows, kend, Ks, p.projects_k() ? KsT : -1, Vs, ZK);
+            b.each(S, [&](Expr, Expr) {
+                b.put(S, 0.0);
+                b.put(dP, 0.0);
+            });
+            b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, 0, 1, s.D}, J, J, s.D, p.precision());
+            b.mma({dP, 0, J, 1}, {dOs, 0, s.Dv, 1}, {Vs, 0, 1, s.Dv}, J, J, s.Dv, p.precision());
+            b.each(S, [&](Expr r, Expr c) {
+                Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
+                Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
+                Expr u = b.let(p.pair_row(i - j), "u");
+                Expr sc =
+                    p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
+                Expr pr =
+                    b.let(select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)), "p");
+                b.put(S, pr * (b.here(dP) - b.here(Dv)) * s.scale);
+                if (by_row) b.store(dSx, r * J + c, b.here(S));
+            });
+            if (by_row)
+                b.loop(
+                    0, rows,
+                    [&](Expr g) {
+                        p.by_offset(dZ, g * p.W - qlo, dSx, g * J, 1, tile.cols, i0 + g - tile.j0,
+                                    -1);
+                    },
+                    Loop::threads);
+            // dQ += dS K: dS rounded to the data's type by the mma, as FlashAttention does.
+            b.mma({dQ, 0, s.D, 1}, {S, 0, J, 1}, {Ks, 0, s.D, 1}, J, s.D, J, p.precision());
+        });
+        b.each(dQ, [&](Expr r, Expr x) { b.store(dQx, r * s.D + x, b.here(dQ)); });
+        p.finish_query_strip(dQx, dq, i0, rows, dZ, qlo, wq, zq_part, zb_part,
+                             part * p.WP + qlo - slo, Qs);
+    });
+    p.store_range(range, slo, sw);
+    return b.finish();
+}
+
+} // namespace
+
 kir::Kernel relpos_query_grad_program(const RelposShape& s) {
+    if (relpos_flash(s)) return flash_query_grad_program(s);
     Program p("relpos_query_grad", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
@@ -922,7 +1022,131 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     return b.finish();
 }
 
+namespace {
+
+// The key pass on tensor cores, in FlashAttention-2's structure: per strip of keys (warp w:
+// the strip's keys 16w..), for each query tile, S^T = K Q^T and dP^T = V dO^T into fragments,
+// P^T and dS^T element by element (each query's lse and D read by column), then dV += P^T dO
+// and dK += dS^T Q with the fragments' registers as A. Where key-side tables need dS by offset,
+// it is also stored to a [key][query] tile for by_offset. dK and dV leave the registers once
+// per strip.
+kir::Kernel flash_key_grad_program(const RelposShape& s) {
+    Program p("relpos_key_grad", s);
+    Builder& b = p.b;
+    const auto J = RelposShape::J;
+    const kir::Elem e = elem_of(s.dtype);
+    const int dO = b.buffer("dO", e), lse = b.buffer("lse", kir::Elem::f32);
+    const int delta = b.buffer("delta", kir::Elem::f32);
+    const int dk = b.buffer("dk", e), dv = b.buffer("dv", e);
+    const int zk_part = b.buffer("zk_part", kir::Elem::f32);
+    const int range = b.buffer("range", kir::Elem::i64);
+    p.saved_buffers();
+    const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
+    const int Qt = p.staged("Qt", J, s.D), dOt = p.staged("dOt", J, s.Dv);
+    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
+    const int QtT = b.scratch("QtT", p.sized(p.projects_q(), Expr(J * s.D)));
+    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.W) * J));
+    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.WJ) * J));
+    const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
+    const int dSx = b.scratch("dSx", s.ak ? Expr(J * J) : Expr(1)); // [key][query]
+    const int dKx = b.scratch("dKx", p.G * s.D);
+    const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
+    const int P = b.fragment("P", J), dS = b.fragment("dS", J);
+    const int dK = b.fragment("dK", s.D), dV = b.fragment("dV", s.Dv);
+    p.own_part();
+    Expr n = p.n;
+    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - p.end), "slo");
+    Expr sw = b.let(p.row(n - 1 - p.start) - slo + 1, "sw");
+    Expr part = b.let(p.tile * p.H + p.h, "part");
+    if (s.ak)
+        b.loop(
+            0, sw,
+            [&](Expr w) {
+                b.loop(0, s.D, [&](Expr x) { b.store(zk_part, (part * p.WP + w) * s.D + x, 0.0); });
+            },
+            Loop::threads);
+    p.over_strips([&](Expr j0, Expr cols) {
+        Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
+        Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
+        p.stage(Ks, p.k, j0, cols, s.D);
+        p.stage(Vs, p.v, j0, cols, s.Dv);
+        if (p.projects_k()) p.stage_t(KsT, p.k, j0, cols, s.D);
+        if (s.ak)
+            b.loop(
+                0, cols,
+                [&](Expr jj) { b.loop(0, wk, [&](Expr w) { b.store(dZ, jj * p.W + w, 0.0); }); },
+                Loop::threads);
+        b.each(dK, [&](Expr, Expr) { b.put(dK, 0.0); });
+        b.each(dV, [&](Expr, Expr) { b.put(dV, 0.0); });
+        if (p.projects_k()) p.project(ZK, KsT, p.ek, klo, wk, false);
+        Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
+        b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
+            Expr i0 = b.let(first + t * J, "i0");
+            Expr rows = b.let(min(Expr(J), n - i0), "rows");
+            p.stage(Qt, p.q, i0, rows, s.D);
+            p.stage(dOt, dO, i0, rows, s.Dv);
+            if (p.projects_q()) p.stage_t(QtT, p.q, i0, rows, s.D);
+            b.loop(
+                0, rows,
+                [&](Expr ii) {
+                    b.store(Lt, ii, b.load(lse, (p.o + i0 + ii) * p.H + p.h));
+                    b.store(Dt, ii, b.load(delta, (p.o + i0 + ii) * p.H + p.h));
+                },
+                Loop::threads);
+            Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+            Expr qlo = b.let(p.row(dmin), "qlo");
+            if (p.projects_q()) p.project(ZQ, QtT, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
+            b.each(P, [&](Expr, Expr) {
+                b.put(P, 0.0);
+                b.put(dS, 0.0);
+            });
+            b.mma({P, 0, J, 1}, {Ks, 0, s.D, 1}, {Qt, 0, 1, s.D}, J, J, s.D, p.precision());
+            b.mma({dS, 0, J, 1}, {Vs, 0, s.Dv, 1}, {dOt, 0, 1, s.Dv}, J, J, s.Dv, p.precision());
+            b.each(P, [&](Expr r, Expr c) { // r: a key of the strip, c: a query of the tile
+                Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
+                Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
+                Expr u = b.let(p.pair_row(i - j), "u");
+                Expr sc = p.masked(p.score(b.here(P), ca, ra, u, ZQ, qlo, ZK, klo, i, j), i, j);
+                Expr pr =
+                    b.let(select(r < cols && c < rows, exp(sc - b.load(Lt, ca)), Expr(0.0)), "p");
+                b.put(P, pr);
+                b.put(dS, pr * (b.here(dS) - b.load(Dt, ca)) * s.scale);
+                if (s.ak) b.store(dSx, r * J + c, b.here(dS));
+            });
+            if (s.ak)
+                b.loop(
+                    0, cols,
+                    [&](Expr jj) {
+                        p.by_offset(dZ, jj * p.W - klo, dSx, jj * J, 1, rows, i0 - j0 - jj, 1);
+                    },
+                    Loop::threads);
+            // dV += P^T dO and dK += dS^T Q, P and dS rounded to the data's type by the mma.
+            b.mma({dV, 0, s.Dv, 1}, {P, 0, J, 1}, {dOt, 0, s.Dv, 1}, J, s.Dv, J, p.precision());
+            b.mma({dK, 0, s.D, 1}, {dS, 0, J, 1}, {Qt, 0, s.D, 1}, J, s.D, J, p.precision());
+        });
+        b.each(dK, [&](Expr r, Expr x) { b.store(dKx, r * s.D + x, b.here(dK)); });
+        b.each(dV, [&](Expr r, Expr x) {
+            b.when(r < cols, [&] { b.store(dv, p.at(j0 + r, x, s.Dv), b.here(dV)); });
+        });
+        if (s.ak) p.fold_rows(dKx, cols, dZ, klo, wk, p.ek);
+        b.loop(
+            0, cols,
+            [&](Expr jj) {
+                b.loop(0, s.D, [&](Expr x) {
+                    b.store(dk, p.at(j0 + jj, x, s.D), b.load(dKx, jj * s.D + x));
+                });
+            },
+            Loop::threads);
+        if (s.ak) p.add_partial(zk_part, part * p.WP + klo - slo, wk, dZ, cols, Ks, p.W);
+    });
+    p.store_range(range, slo, sw);
+    return b.finish();
+}
+
+} // namespace
+
 kir::Kernel relpos_key_grad_program(const RelposShape& s) {
+    if (relpos_flash(s)) return flash_key_grad_program(s);
     Program p("relpos_key_grad", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;

@@ -37,6 +37,13 @@ struct RelposShape {
     static constexpr std::int64_t J = 64; // the inner tile
 };
 
+// Whether the forward and the query pass take FlashAttention-2's structure (kernel-IR
+// fragments: registers on the GPU): on tensor cores, with head dimensions that are whole
+// k steps of the mma (multiples of 16). Other tensor-core shapes keep their tiles in scratch.
+inline bool relpos_flash(const RelposShape& s) {
+    return s.tensor_cores && s.D % 16 == 0 && s.Dv % 16 == 0;
+}
+
 // Whether the GPU runs the programs of data type t on tensor cores (RelposShape::tensor_cores).
 inline bool relpos_tensor_cores(DType t) {
     return t == DType::f16 || t == DType::bf16;
@@ -57,9 +64,9 @@ enum RelposParam { P_H, P_DELTA, P_U, P_G, P_W, P_WP, P_WS, P_COUNT };
 kir::Kernel relpos_project_program(const RelposShape& s);
 
 // Forward: buffers q, k, v, eq, ek, eb, tiles, out, lse; writes O and the row log-sum-exp.
-// With tensor cores in FlashAttention-2's structure: the scores, the output accumulator and the
-// row statistics are kernel-IR fragments (registers on the GPU, each warp 16 of the strip's
-// rows), the products mma statements into them.
+// In FlashAttention-2's structure where relpos_flash: the scores, the output accumulator and
+// the row statistics are kernel-IR fragments (registers on the GPU, each warp 16 of the
+// strip's rows), the products mma statements into them.
 kir::Kernel relpos_forward_program(const RelposShape& s);
 // The same forward for the CPU: score tiles key-major (S^T = K Q^T), so the strip's queries
 // are staged transposed once per strip and key and value tiles are read in place (the GPU's

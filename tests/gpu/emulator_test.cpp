@@ -347,21 +347,23 @@ TEST(GpuEmulator, RelposTileProgramsMatchTheCpu) {
         int mechanism;
         DType t;
         bool causal, saved;
+        std::int64_t Dv = 32; // half types: FlashAttention's structure (relpos_flash)
     };
     // Every map in f32 and in both half types (tensor cores, ldmatrix fragments), masks and
     // saved projections.
-    std::vector<Case> cases = {{1, DType::f32, true, false},
-                               {1, DType::f32, false, true},
-                               {2, DType::bf16, true, false},
-                               {1, DType::f16, true, true}};
+    std::vector<Case> cases = {{1, DType::f32, true, false},      {1, DType::f32, false, true},
+                               {2, DType::bf16, true, false},     {1, DType::f16, true, true},
+                               {1, DType::f16, true, false, 24}, // tiles in scratch
+                               {3, DType::bf16, false, false, 24}};
     for (int mechanism = 0; mechanism < 4; ++mechanism)
         for (DType t : {DType::f32, DType::f16, DType::bf16})
             cases.push_back({mechanism, t, false, false});
     for (const Case& k : cases) {
         const Mechanism m = mechanisms(65)[std::size_t(k.mechanism)];
         SCOPED_TRACE(m.name + (k.causal ? " causal " : " bidirectional ") +
-                     std::string(dtype_name(k.t)) + (k.saved ? " saved" : ""));
-        const RelposCase c = relpos_case(m, k.t, k.causal, lengths);
+                     std::string(dtype_name(k.t)) + (k.saved ? " saved" : "") + " Dv " +
+                     std::to_string(k.Dv));
+        const RelposCase c = relpos_case(m, k.t, k.causal, lengths, k.Dv);
         const double tol = k.t == DType::f32 ? 1e-5 : k.t == DType::f16 ? 2e-3 : 1e-2;
         jit::RelposOptions cpu, emulated;
         cpu.save_projections = emulated.save_projections = k.saved;

@@ -52,9 +52,11 @@ struct RelposCase {
     Attrs at;
 };
 
+// Dv != D, so a swapped width shows; Dv = 32 makes both head dimensions whole mma k steps
+// (the tensor-core programs' FlashAttention structure, relpos_flash).
 inline RelposCase relpos_case(const Mechanism& m, DType t, bool causal,
-                              const std::vector<std::int64_t>& lengths) {
-    const std::int64_t H = 2, D = 16, Dv = 24; // Dv != D, so a swapped width shows
+                              const std::vector<std::int64_t>& lengths, std::int64_t Dv = 24) {
+    const std::int64_t H = 2, D = 16;
     auto tokens = [&](std::int64_t width) {
         const std::string axes = "~N, " + std::to_string(H) + ", " + std::to_string(width);
         std::vector<Shape_> shapes;
