@@ -382,6 +382,36 @@ struct Program {
         clamped(r.c1, count, r.r1);
     }
 
+    struct QueryTile {
+        Expr i0, rows, qlo, dmin, dmax;
+    };
+    // The key pass's buffers for a query tile: Qt and dOt row-major, QtT transposed (when
+    // queries are projected), the tile's lse and D, and its projections ZQ.
+    struct QueryTileBuffers {
+        int Qt, dOt, QtT, Lt, Dt, ZQ;
+    };
+    // The query tile from `start` against the key strip [j0, j0 + cols): stages it, reads its
+    // rows' lse and D, projects its queries onto the rows the pair reaches (from qlo).
+    QueryTile query_tile(Expr start, Expr j0, Expr cols, const QueryTileBuffers& t, int dO, int lse,
+                         int delta) {
+        Expr i0 = b.let(start, "i0");
+        Expr rows = b.let(min(Expr(RelposShape::J), n - i0), "rows");
+        stage(t.Qt, q, i0, rows, s.D);
+        stage(t.dOt, dO, i0, rows, s.Dv);
+        if (projects_q()) stage_t(t.QtT, q, i0, rows, s.D);
+        b.loop(
+            0, rows,
+            [&](Expr ii) {
+                b.store(t.Lt, ii, b.load(lse, (o + i0 + ii) * H + h));
+                b.store(t.Dt, ii, b.load(delta, (o + i0 + ii) * H + h));
+            },
+            Loop::threads);
+        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+        Expr qlo = b.let(row(dmin), "qlo");
+        if (projects_q()) project(t.ZQ, t.QtT, eq, qlo, row(dmax) - qlo + 1, s.bias);
+        return {i0, rows, qlo, dmin, dmax};
+    }
+
     struct KeyTile {
         Expr j0, cols, klo, saturated;
     };
@@ -1081,21 +1111,8 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
         if (p.projects_k()) p.project(ZK, KsT, p.ek, klo, wk, false);
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
-            Expr i0 = b.let(first + t * J, "i0");
-            Expr rows = b.let(min(Expr(J), n - i0), "rows");
-            p.stage(Qt, p.q, i0, rows, s.D);
-            p.stage(dOt, dO, i0, rows, s.Dv);
-            if (p.projects_q()) p.stage_t(QtT, p.q, i0, rows, s.D);
-            b.loop(
-                0, rows,
-                [&](Expr ii) {
-                    b.store(Lt, ii, b.load(lse, (p.o + i0 + ii) * p.H + p.h));
-                    b.store(Dt, ii, b.load(delta, (p.o + i0 + ii) * p.H + p.h));
-                },
-                Loop::threads);
-            Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
-            Expr qlo = b.let(p.row(dmin), "qlo");
-            if (p.projects_q()) p.project(ZQ, QtT, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
+            const auto [i0, rows, qlo, dmin, dmax] =
+                p.query_tile(first + t * J, j0, cols, {Qt, dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
             b.each(P, [&](Expr, Expr) {
                 b.put(P, 0.0);
                 b.put(dS, 0.0);
@@ -1199,21 +1216,8 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
         if (p.projects_k()) p.project(ZK, KsT, p.ek, klo, wk, false);
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
-            Expr i0 = b.let(first + t * J, "i0");
-            Expr rows = b.let(min(Expr(J), n - i0), "rows");
-            p.stage(Qt, p.q, i0, rows, s.D);
-            p.stage(dOt, dO, i0, rows, s.Dv);
-            if (p.projects_q()) p.stage_t(QtT, p.q, i0, rows, s.D);
-            b.loop(
-                0, rows,
-                [&](Expr ii) {
-                    b.store(Lt, ii, b.load(lse, (p.o + i0 + ii) * p.H + p.h));
-                    b.store(Dt, ii, b.load(delta, (p.o + i0 + ii) * p.H + p.h));
-                },
-                Loop::threads);
-            Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
-            Expr qlo = b.let(p.row(dmin), "qlo");
-            if (p.projects_q()) p.project(ZQ, QtT, p.eq, qlo, p.row(dmax) - qlo + 1, s.bias);
+            const auto [i0, rows, qlo, dmin, dmax] =
+                p.query_tile(first + t * J, j0, cols, {Qt, dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
             Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
             p.products(St, rows, Qt, KsT, s.D);
             p.products(dPt, rows, dOt, VsT, s.Dv);
