@@ -521,6 +521,21 @@ struct Program {
             Loop::threads);
         return {slo, sw, part};
     }
+    // The rows the key part's keys reach and its key-side partials, zeroed (key pass).
+    Partials key_partials(int zk_part) {
+        Expr slo = b.let(row(s.causal ? Expr(0) : 1 - end), "slo");
+        Expr sw = b.let(row(n - 1 - start) - slo + 1, "sw");
+        Expr part = b.let(tile * H + h, "part");
+        if (s.ak)
+            b.loop(
+                0, sw,
+                [&](Expr w) {
+                    b.loop(0, s.D,
+                           [&](Expr x) { b.store(zk_part, (part * WP + w) * s.D + x, 0.0); });
+                },
+                Loop::threads);
+        return {slo, sw, part};
+    }
     // A query strip's scratch in the backward: the [key][query] tiles S and dP, the strip's
     // log-sum-exps Lg and row terms Dg, the projections ZQ and ZK (-1: none) and the score
     // gradients by offset dZ (-1: not needed).
@@ -1085,16 +1100,7 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const int dK = b.fragment("dK", s.D), dV = b.fragment("dV", s.Dv);
     p.own_part();
     Expr n = p.n;
-    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - p.end), "slo");
-    Expr sw = b.let(p.row(n - 1 - p.start) - slo + 1, "sw");
-    Expr part = b.let(p.tile * p.H + p.h, "part");
-    if (s.ak)
-        b.loop(
-            0, sw,
-            [&](Expr w) {
-                b.loop(0, s.D, [&](Expr x) { b.store(zk_part, (part * p.WP + w) * s.D + x, 0.0); });
-            },
-            Loop::threads);
+    auto [slo, sw, part] = p.key_partials(zk_part);
     p.over_strips([&](Expr j0, Expr cols) {
         Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
         Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
@@ -1189,16 +1195,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     const int Th = s.tensor_cores ? p.staged("Th", J, J) : -1; // P, then dS, in the data's type
     p.own_part();
     Expr n = p.n;
-    Expr slo = b.let(p.row(s.causal ? Expr(0) : 1 - p.end), "slo");
-    Expr sw = b.let(p.row(n - 1 - p.start) - slo + 1, "sw");
-    Expr part = b.let(p.tile * p.H + p.h, "part");
-    if (s.ak)
-        b.loop(
-            0, sw,
-            [&](Expr w) {
-                b.loop(0, s.D, [&](Expr x) { b.store(zk_part, (part * p.WP + w) * s.D + x, 0.0); });
-            },
-            Loop::threads);
+    auto [slo, sw, part] = p.key_partials(zk_part);
     p.over_strips([&](Expr j0, Expr cols) {
         Expr klo = b.let(p.row(s.causal ? Expr(0) : -(j0 + cols - 1)), "klo");
         Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
