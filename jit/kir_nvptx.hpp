@@ -8,7 +8,11 @@
 // published, and no thread overwrites what others still read) and after it; a threads loop
 // nested in another one runs serially in its thread. Serial code runs redundantly in every
 // thread, on the same values, so its control flow is uniform and barriers are legal in it; a
-// store in serial code is made by thread 0 alone, between barriers.
+// store in serial code is made by thread 0 alone, between barriers. Fragments are registers:
+// an `each` runs its body, unrolled, once per element the thread holds (warp w, lane 4g + t:
+// rows 16w + g and 16w + g + 8 in the mma accumulator's layout), like a threads loop (stores in
+// it are the owner's); `row_reduce` and fragment mmas are warp-wide (shfl.sync, mma.sync), in
+// uniform serial code. Half-typed shared operands load their mma fragments with ldmatrix.
 //
 // Entry parameters, in order: i64 grid, one i64 per kernel parameter, one pointer per global
 // buffer (declaration order), then one pointer to scratch: kir_scratch_bytes(k, params) bytes
