@@ -24,8 +24,8 @@ PTXAS = os.environ.get("RAG_PTXAS") or os.path.join(
 CLASSES = {"HMMA": "HMMA", "LDSM": "LDSM", "LDGSTS": "LDGSTS", "LDG": "LDG", "STG": "STG",
            "LD": "LD", "ST": "ST", "LDS": "LDS", "STS": "STS", "LDL": "LDL", "STL": "STL",
            "BAR": "BAR", "SHFL": "SHFL", "FFMA": "FFMA"}
-COLUMNS = ["HMMA", "LDSM", "LDGSTS", "LDG", "STG", "LD", "ST", "LDS", "STS", "LDL", "STL", "BAR",
-           "SHFL", "FFMA", "total"]
+COLUMNS = ["HMMA", "LDSM", "LDGSTS", "LDG", "LDG.128", "STG", "LD", "ST", "LDS", "STS", "LDL",
+           "STL", "BAR", "SHFL", "FFMA", "total"]
 
 # The paper (REFERENCE.md section 4): H200, fp16, d = 64, H = 12, B N = 16K tokens,
 # bidirectional; TFLOP/s forward / backward at N = 8K.
@@ -71,6 +71,9 @@ def count(instrs):
         k = CLASSES.get(op.split(".")[0])
         if k:
             c[k] += 1
+        # 16-byte global loads: the kernels' only ones are copy16's staging (also in LDG).
+        if k == "LDG" and ".128" in op:
+            c["LDG.128"] += 1
         c["total"] += 1
     return c
 
@@ -294,7 +297,8 @@ def render(rows, commit):
       "thread, static shared memory per block, blocks per SM and occupancy (resident warps / "
       "64) from registers and shared memory at 128 threads per block. SASS columns: static "
       "instruction counts (each instruction once, loops not multiplied). LD/ST are generic "
-      "(the per-block scratch arrays in global memory are addressed generically).\n")
+      "(the per-block scratch arrays in global memory are addressed generically). LDG.128: "
+      "the 16-byte global loads among LDG (copy16's staging).\n")
     w("| kernel | arch | regs | spill st/ld | stack | smem | blocks/SM | occ | "
       + " | ".join(COLUMNS) + " |")
     w("|---|---|---|---|---|---|---|---|" + "---|" * len(COLUMNS))
@@ -310,7 +314,8 @@ def render(rows, commit):
       "the instructions between the loop's head and its back branch, inner loops (the k steps "
       "of an mma, strided staging loops) counted once, so they are lower bounds on one "
       "iteration's dynamic count.\n")
-    w("| kernel | arch | depth | " + " | ".join(COLUMNS) + " | LDSM/HMMA | global ld/st |")
+    w("| kernel | arch | depth | " + " | ".join(COLUMNS)
+      + " | LDSM/HMMA | global ld/st but LDG.128 |")
     w("|---|---|---|" + "---|" * len(COLUMNS) + "---|---|")
     for r in rows:
         k = r.get("key_loop")
@@ -318,7 +323,7 @@ def render(rows, commit):
             continue
         c = k["sass"]
         ratio = c["LDSM"] / c["HMMA"] if c["HMMA"] else 0
-        glob = c["LDG"] + c["STG"] + c["LD"] + c["ST"]
+        glob = c["LDG"] - c["LDG.128"] + c["STG"] + c["LD"] + c["ST"]
         w(f"| {r['id']} | {r['arch']} | {k['depth']} | {fmt_counts(c)} | {ratio:.2f} | {glob} |")
     w("")
     w(bank_section(rows))
@@ -404,12 +409,15 @@ def gate_lines(rows):
              + ": at least one LDSM per two HMMA in the key loop "
              f"({len(ldsm)} of {len(tc)} tensor-core kernel/arch pairs; key loop identified in "
              f"{len(keyed)}).")
-    clean = [r for r in keyed if not (r["key_loop"]["sass"]["LDG"] + r["key_loop"]["sass"]["STG"]
-                                      + r["key_loop"]["sass"]["LD"] + r["key_loop"]["sass"]["ST"])]
+    def other_global(r):
+        c = r["key_loop"]["sass"]
+        return c["LDG"] - c["LDG.128"] + c["STG"] + c["LD"] + c["ST"]
+    clean = [r for r in keyed if not other_global(r)]
     g.append(("MET" if keyed and len(clean) == len(tc) else "MISSED")
              + ": no global loads or stores in the key loop but the staged K/V/table tiles "
-             f"({len(clean)} of {len(tc)} tensor-core kernel/arch pairs have none at all; the "
-             "staged tiles are not told apart from other traffic, so none counts).")
+             f"({len(clean)} of {len(tc)} tensor-core kernel/arch pairs have none but the "
+             "16-byte staging loads, LDG.128; relation-table and projection reads, dS stored "
+             "by offset and scalar staging count against it).")
     banked = [r for r in tc if r["arch"] == "sm_90" and r.get("banks")]
     gated = ("store",) + FRAGMENT_KINDS["A"] + FRAGMENT_KINDS["B"]
     worst = {k: max((r["banks"][k]["worst"] for r in banked if k in r["banks"]), default=0)
