@@ -93,6 +93,43 @@ struct Program {
         zqs = b.buffer("zqs", kir::Elem::f32);
         zks = b.buffer("zks", kir::Elem::f32);
     }
+    // The two-pass backward's global buffers after the common ones, in the launch order the
+    // hosts pass them (jit/relpos.cpp, jit/relpos_gpu.cpp), then the saved projections: one
+    // declaration for every program of a pass, whatever its structure.
+    struct QueryGradGlobals {
+        int dO, out, lse, dq, delta, zq_part, zb_part, range;
+    };
+    QueryGradGlobals query_grad_globals() {
+        const kir::Elem e = elem_of(s.dtype);
+        QueryGradGlobals g{};
+        g.dO = b.buffer("dO", e);
+        g.out = b.buffer("out", e);
+        g.lse = b.buffer("lse", kir::Elem::f32);
+        g.dq = b.buffer("dq", e);
+        g.delta = b.buffer("delta", kir::Elem::f32);
+        g.zq_part = b.buffer("zq_part", kir::Elem::f32);
+        g.zb_part = b.buffer("zb_part", kir::Elem::f32);
+        g.range = b.buffer("range", kir::Elem::i64);
+        saved_buffers();
+        return g;
+    }
+    struct KeyGradGlobals {
+        int dO, lse, delta, dk, dv, zk_part, range;
+    };
+    KeyGradGlobals key_grad_globals() {
+        const kir::Elem e = elem_of(s.dtype);
+        KeyGradGlobals g{};
+        g.dO = b.buffer("dO", e);
+        g.lse = b.buffer("lse", kir::Elem::f32);
+        g.delta = b.buffer("delta", kir::Elem::f32);
+        g.dk = b.buffer("dk", e);
+        g.dv = b.buffer("dv", e);
+        g.zk_part = b.buffer("zk_part", kir::Elem::f32);
+        g.range = b.buffer("range", kir::Elem::i64);
+        saved_buffers();
+        return g;
+    }
+
     // Whether the strip and tile projections are computed here (not read from zqs, zks).
     bool projects_q() const { return s.aq && !s.saved; }
     bool projects_k() const { return s.ak && !s.saved; }
@@ -906,15 +943,8 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
     Program p("relpos_query_grad", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
-    const kir::Elem e = elem_of(s.dtype);
     const bool by_row = s.aq || s.bias; // whether dZQ is needed
-    const int dO = b.buffer("dO", e), out = b.buffer("out", e);
-    const int lse = b.buffer("lse", kir::Elem::f32), dq = b.buffer("dq", e);
-    const int delta = b.buffer("delta", kir::Elem::f32);
-    const int zq_part = b.buffer("zq_part", kir::Elem::f32);
-    const int zb_part = b.buffer("zb_part", kir::Elem::f32);
-    const int range = b.buffer("range", kir::Elem::i64);
-    p.saved_buffers();
+    const auto [dO, out, lse, dq, delta, zq_part, zb_part, range] = p.query_grad_globals();
     const int Qs = p.staged("Qs", J, s.D), dOs = p.staged("dOs", J, s.Dv);
     const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
@@ -999,15 +1029,8 @@ kir::Kernel relpos_query_grad_program(const RelposShape& s) {
     Program p("relpos_query_grad", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
-    const kir::Elem e = elem_of(s.dtype);
     const bool by_row = s.aq || s.bias; // whether dZQ is needed
-    const int dO = b.buffer("dO", e), out = b.buffer("out", e);
-    const int lse = b.buffer("lse", kir::Elem::f32), dq = b.buffer("dq", e);
-    const int delta = b.buffer("delta", kir::Elem::f32);
-    const int zq_part = b.buffer("zq_part", kir::Elem::f32);
-    const int zb_part = b.buffer("zb_part", kir::Elem::f32);
-    const int range = b.buffer("range", kir::Elem::i64);
-    p.saved_buffers();
+    const auto [dO, out, lse, dq, delta, zq_part, zb_part, range] = p.query_grad_globals();
     // The strip is staged transposed (QsT, dOsT) once, so each key tile is staged row-major
     // only (KsT just for its projections): scores and dP are [key][query] tiles.
     const int Qs = b.scratch("Qs", p.sized(s.aq, p.G * s.D)), dOs = b.scratch("dOs", p.G * s.Dv);
@@ -1079,13 +1102,7 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     Program p("relpos_key_grad", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
-    const kir::Elem e = elem_of(s.dtype);
-    const int dO = b.buffer("dO", e), lse = b.buffer("lse", kir::Elem::f32);
-    const int delta = b.buffer("delta", kir::Elem::f32);
-    const int dk = b.buffer("dk", e), dv = b.buffer("dv", e);
-    const int zk_part = b.buffer("zk_part", kir::Elem::f32);
-    const int range = b.buffer("range", kir::Elem::i64);
-    p.saved_buffers();
+    const auto [dO, lse, delta, dk, dv, zk_part, range] = p.key_grad_globals();
     const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
     const int Qt = p.staged("Qt", J, s.D), dOt = p.staged("dOt", J, s.Dv);
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
@@ -1173,13 +1190,7 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
     Program p("relpos_key_grad", s);
     Builder& b = p.b;
     const auto J = RelposShape::J;
-    const kir::Elem e = elem_of(s.dtype);
-    const int dO = b.buffer("dO", e), lse = b.buffer("lse", kir::Elem::f32);
-    const int delta = b.buffer("delta", kir::Elem::f32);
-    const int dk = b.buffer("dk", e), dv = b.buffer("dv", e);
-    const int zk_part = b.buffer("zk_part", kir::Elem::f32);
-    const int range = b.buffer("range", kir::Elem::i64);
-    p.saved_buffers();
+    const auto [dO, lse, delta, dk, dv, zk_part, range] = p.key_grad_globals();
     // The strip is staged transposed (KsT, VsT) once, so each query tile is staged row-major
     // only (QtT just for its projections): scores and dP are [query][key] tiles.
     const int Ks = b.scratch("Ks", p.sized(s.ak, p.G * s.D));
