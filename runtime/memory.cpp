@@ -128,10 +128,11 @@ void release(void* p, std::size_t bytes) {
     if (size >= kCachedFrom) {
         Cache& c = cache();
         std::lock_guard lock(c.mutex);
-        // Live and cached bytes together stay within the most the process ever had live, so
-        // the cache never raises its peak memory; RAG_HOST_CACHE_MB caps it further.
+        // Live and cached bytes together stay within 5/4 of the most the process ever had
+        // live (memory.hpp says why not 1); RAG_HOST_CACHE_MB caps the cache further.
         const std::size_t live = held_bytes.load(), most = held_high_water.load();
-        const std::size_t limit = std::min(c.cap, most > live ? most - live : 0);
+        const std::size_t bound = most + most / 4;
+        const std::size_t limit = std::min(c.cap, bound > live ? bound - live : 0);
         if (size <= limit) {
             c.shrink_to(limit - size);
             c.free_blocks[size].push_back(p);

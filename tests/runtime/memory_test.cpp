@@ -63,9 +63,9 @@ TEST(HostMemory, ReusedBuffersAreZeroFilledByAllocate) {
 }
 
 // A working set of any size is served from the cache on the next call (no fixed cap emptied
-// it), and live plus cached bytes never exceed the most ever live: past that the largest
-// cached blocks go first.
-TEST(HostMemory, TheCacheKeepsAWorkingSetAndNeverRaisesThePeak) {
+// it), and live plus cached bytes never exceed 5/4 of the most ever live: past that the
+// largest cached blocks go first.
+TEST(HostMemory, TheCacheKeepsAWorkingSetWithinAQuarterAboveThePeak) {
     memory::release_cached();
     constexpr std::size_t MB = 1 << 20;
     std::vector<void*> set;
@@ -78,11 +78,13 @@ TEST(HostMemory, TheCacheKeepsAWorkingSetAndNeverRaisesThePeak) {
         << "served from the cache";
     EXPECT_EQ(memory::stats().cached, 0u);
     for (void* p : again) memory::release(p, 256 * MB);
-    // 4 MB live beside 768 MB cached passes the high-water mark (768 MB: no other test of this
-    // binary holds more): releasing it frees a cached 256 MB block to stay within it.
-    void* small = memory::acquire(4 * MB);
-    memory::release(small, 4 * MB);
-    EXPECT_EQ(memory::stats().cached, 516 * MB);
+    // The high-water mark is 768 MB (no other test of this binary holds more), so the bound
+    // is 960 MB: a 4 MB block joins the 768 MB cached beside it...
+    memory::release(memory::acquire(4 * MB), 4 * MB);
+    EXPECT_EQ(memory::stats().cached, 772 * MB);
+    // ...but a 192 MB one would pass it: a cached 256 MB block goes to make room.
+    memory::release(memory::acquire(192 * MB), 192 * MB);
+    EXPECT_EQ(memory::stats().cached, 708 * MB);
     memory::release_cached();
 }
 
