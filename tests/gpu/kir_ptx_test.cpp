@@ -71,8 +71,7 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
             // ... and stage their tiles in shared memory, loading fragments with ldmatrix; the
             // forward keeps its scores in registers (row statistics by quad shuffles).
             EXPECT_EQ(ptx.find(".shared .align 16") != std::string::npos, mma) << k.name;
-            EXPECT_EQ(ptx.find("ldmatrix.sync.aligned.m8n8") != std::string::npos, mma)
-                << k.name;
+            EXPECT_EQ(ptx.find("ldmatrix.sync.aligned.m8n8") != std::string::npos, mma) << k.name;
             if (mma && k.name == "relpos_forward") {
                 EXPECT_NE(ptx.find("shfl.sync.bfly.b32"), std::string::npos);
             }

@@ -132,8 +132,7 @@ TEST(Autodiff, AGradientAloneDoesNotComputeTheLoss) {
     ir::Function d = ir::differentiate(f, 0, {0});
     d.outputs.erase(d.outputs.begin()); // keep the gradient only
     d = ir::eliminate_dead_code(d);
-    for (const ir::Node& n : d.nodes)
-        EXPECT_NE(n.op, "cross_entropy") << ir::print(d);
+    for (const ir::Node& n : d.nodes) EXPECT_NE(n.op, "cross_entropy") << ir::print(d);
 }
 
 TEST(Autodiff, RejectsNonScalarResults) {
