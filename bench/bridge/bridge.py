@@ -96,6 +96,7 @@ def measure(m, a, batch):
     print(json.dumps(dict(base, system="ratio", median_pair_ratio=statistics.median(ratios))))
     stubbed = bridge_alone_ms(m, model, (xs, ys, scale), (x_rag, y_rag, params, scale), one)
     print(json.dumps(dict(base, system="bridge alone", ms_median=stubbed)))
+    print(json.dumps(dict(base, system="torch floor", ms_median=torch_floor_ms(model.params(), g))))
 
 
 class _Recorded:
@@ -132,6 +133,40 @@ def bridge_alone_ms(m, model, torch_args, rag_args, one, calls=201):
         return statistics.median(paired_ms({"stub": step}, calls, 20)["stub"])
     finally:
         model._call = real
+
+
+class _Bare(torch.autograd.Function):
+    """A step's autograd with nothing else: forward takes the parameters and returns a scalar,
+    backward returns fresh copies of given gradients (fresh, so torch adopts them as .grad
+    without a copy, as it adopts the bridge's)."""
+
+    @staticmethod
+    def forward(ctx, grads, *parameters):
+        ctx.grads = grads
+        return torch.zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        return (None,) + tuple(g.clone() for g in ctx.grads)
+
+
+def torch_floor_ms(params, g, calls=201):
+    """Median ms of torch's own share of any autograd bridge: a custom Function over the same
+    parameters, backward into .grad, minus the time to copy the gradients it hands back. No
+    bridge over these parameters can cost less."""
+    parameters = [params[k] for k in g.keys()]
+    grads = [torch.from_numpy(np.array(g[k])) for k in g.keys()]
+
+    def step():
+        for p in parameters:
+            p.grad = None
+        _Bare.apply(grads, *parameters).backward()
+
+    def copies():
+        return [t.clone() for t in grads]
+
+    t = paired_ms({"step": step, "copies": copies}, calls, 20)
+    return statistics.median(t["step"]) - statistics.median(t["copies"])
 
 
 if __name__ == "__main__":
