@@ -30,7 +30,8 @@ print("Forward and backward of examples/encoder.rag's loss (scaled, as examples/
       "whose backward hands back copies of the same gradients (the copies' time subtracted), "
       "median of 201 calls: torch's own share, which no bridge over these parameters avoids; "
       "after rag: the same, each call made right after an untimed direct rag step (as the "
-      "bridge's torch code runs in a real step, with the caches holding rag's data).\n" % (first["threads"], first["calls"], first["warmup"]))
+      "bridge's torch code runs in a real step, with the caches holding rag's data).\n"
+      % (first["threads"], first["calls"], first["warmup"]))
 print("| sequences | tokens | direct ms (median) | rag.torch ms (median) | bridge cost ms "
       "| overhead (median of per-pair ratios) | by the minima | bridge alone ms "
       "| torch floor ms | after rag ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
