@@ -520,12 +520,13 @@ struct Program {
             acc, [&](Expr r, Expr x) { return r * s.D + x; }, rows, dZ, W, lo, count, tab);
     }
     // A share of a table gradient, added at rows `at` + w of the sample's partial for
-    // w < count: part[w] += sum_r dZ[r][w] src[r] (src: the staged q or k rows; dZ's rows
-    // `stride` apart, W for a strip's).
-    void add_partial(int part, Expr at, Expr count, int dZ, Expr rows, int src, Expr stride) {
+    // w < count: part[w] += sum_r dZ[r][from + w] src[r] (src: the staged q or k rows; dZ's
+    // rows `stride` apart, W for a strip's).
+    void add_partial(int part, Expr at, Expr count, int dZ, Expr rows, int src, Expr stride,
+                     Expr from = Expr(0)) {
         blocked_rows(
             count, rows, s.D, part, [&](Expr w, Expr x) { return (at + w) * s.D + x; },
-            [&](Expr w, Expr r) { return b.load(dZ, r * stride + w); },
+            [&](Expr w, Expr r) { return b.load(dZ, r * stride + from + w); },
             [&](Expr r, Expr x) { return b.load(src, r * s.D + x); });
     }
     // D_i = dO_i . O_i of strip row g (FlashAttention's row term of dS), dO staged in dOs.
@@ -1381,7 +1382,11 @@ kir::Kernel relpos_grad_program(const RelposShape& s) {
             p.fold_rows(
                 dk, [&](Expr jj, Expr x) { return p.at(j0 + jj, x, s.D); }, cols, dZK, p.WJ, klo,
                 wk, p.ek);
-            p.add_partial(zk_part, part * p.WP + klo - slo, wk, dZK, cols, Ks, p.WJ);
+            // Causal: the diagonal pair's rows below the partials' first row (slo, offset 0)
+            // are masked pairs' (dZK is zero there) and would fall before the partial.
+            Expr skip = b.let(max(slo - klo, Expr(0)), "skip");
+            p.add_partial(zk_part, part * p.WP + klo + skip - slo, wk - skip, dZK, cols, Ks, p.WJ,
+                          skip);
         });
         p.finish_query_strip(dQ, dq, i0, rows, dZ, qlo, wq, zq_part, zb_part,
                              part * p.WP + qlo - slo, Qs);

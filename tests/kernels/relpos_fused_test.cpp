@@ -20,6 +20,9 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <sstream>
 
 namespace rag {
@@ -446,6 +449,39 @@ TEST(RelposFused, SavedProjectionsGiveBitwiseTheRecomputedResults) {
             EXPECT_TRUE(bytes_of(fwd, step.backward(dO)) == want);
             EXPECT_TRUE(bytes_of(fwd, jit::relpos_backward(in, dO, at, nullptr, save)) == want);
         }
+}
+
+// The causal one-pass backward keeps its key-side table partials within their rows: a diagonal
+// tile pair reaches offsets below 0 (its masked pairs, whose dZK is zero), and it once added
+// those rows before the partial, out of bounds for the first part. Where that memory was
+// mapped the addition of zeros went unseen; here every large block is a mapping of its own
+// (glibc's mmap threshold lowered, the block cache emptied) and one thread runs the parts in
+// order, so such a write lands before the mapping and faults wherever nothing is mapped
+// there (planted: the fix undone, 3 of 6 runs of this test crashed; whole-suite runs had
+// crashed intermittently). Transformer-XL and DeBERTa have key-side tables.
+TEST(RelposFused, CausalOnePassBackwardWritesOnlyItsOwnPartials) {
+    const Dims dm;
+    const std::vector<std::int64_t> lengths = {65, 1, 130, 0, 63};
+    ThreadCount one(1);
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 1 << 16);
+#endif
+    for (const auto& m : four_mechanisms(dm, longest(lengths))) {
+        if (!m.ak) continue;
+        SCOPED_TRACE(case_name(m, DType::f32, true));
+        const Attrs at = Attrs(m.attrs).set("causal", true);
+        const auto in = cast(make_inputs(m, lengths, dm), DType::f32);
+        const auto dO = tokens(dm.H, dm.Dv, lengths, DType::f32);
+        for (int k = 0; k < 20; ++k) {
+            memory::release_cached();
+            const auto fwd = jit::relpos_forward(in, at);
+            const auto g = jit::relpos_backward(in, dO, at, &fwd);
+            EXPECT_EQ(g.size(), 3 + std::size_t(m.aq) + std::size_t(m.ak) + std::size_t(m.bias));
+        }
+    }
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024); // glibc's default
+#endif
 }
 
 // On the host the backward runs in one pass for f32 shapes (jit::relpos_one_pass_backward):
