@@ -1355,7 +1355,7 @@ or one row of B extents per ragged axis. ragged_axes as in rag.ragged (default [
             cuda::release_cached();
         },
         "Returns the memory rag keeps for reuse to the system: freed host blocks (the cache "
-        "holds at most 9/8 of the process's peak of live bytes minus those live now; "
+        "holds at most 5/4 of the process's peak of live bytes minus those live now; "
         "RAG_HOST_CACHE_MB caps it) and, with a GPU, freed device blocks.");
     m.def(
         "from_packed",
