@@ -11,7 +11,6 @@
 #endif
 #include <map>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 namespace rag::memory {
@@ -49,7 +48,6 @@ std::size_t cache_cap() {
 struct Cache {
     std::mutex mutex;
     std::map<std::size_t, std::vector<void*>> free_blocks; // by size class
-    std::unordered_map<void*, std::size_t> larger;         // live blocks from a larger class
     std::size_t bytes = 0;
     const std::size_t cap = cache_cap();
 
@@ -103,23 +101,18 @@ void reset_peak() {
 
 void* acquire(std::size_t bytes) {
     const std::size_t size = size_class(bytes ? bytes : 1);
+    count_live(live_size(bytes), size);
     if (size >= kCachedFrom) {
         Cache& c = cache();
         std::lock_guard lock(c.mutex);
-        // The smallest cached block of this class or a larger one up to 3/2 of it (memory.hpp
-        // says why); a larger one is remembered, so that its release returns it to its class.
-        for (auto it = c.free_blocks.lower_bound(size);
-             it != c.free_blocks.end() && it->first <= size + size / 2; ++it) {
-            if (it->second.empty()) continue;
+        auto it = c.free_blocks.find(size);
+        if (it != c.free_blocks.end() && !it->second.empty()) {
             void* p = it->second.back();
             it->second.pop_back();
-            c.bytes -= it->first;
-            if (it->first != size) c.larger.emplace(p, it->first);
-            count_live(live_size(bytes), it->first);
+            c.bytes -= size;
             return p;
         }
     }
-    count_live(live_size(bytes), size);
     void* p = std::aligned_alloc(64, size);
     if (!p) {
         count_released(live_size(bytes), size);
@@ -130,29 +123,22 @@ void* acquire(std::size_t bytes) {
 
 void release(void* p, std::size_t bytes) {
     if (!p) return;
-    std::size_t size = size_class(bytes ? bytes : 1);
-    if (size < kCachedFrom) {
-        count_released(live_size(bytes), size);
-        std::free(p);
-        return;
-    }
-    Cache& c = cache();
-    std::lock_guard lock(c.mutex);
-    if (auto big = c.larger.find(p); big != c.larger.end()) {
-        size = big->second;
-        c.larger.erase(big);
-    }
+    const std::size_t size = size_class(bytes ? bytes : 1);
     count_released(live_size(bytes), size);
-    // Live and cached bytes together stay within 9/8 of the most the process ever had live
-    // (memory.hpp says why not 1); RAG_HOST_CACHE_MB caps the cache further.
-    const std::size_t live = held_bytes.load(), most = held_high_water.load();
-    const std::size_t bound = most + most / 8;
-    const std::size_t limit = std::min(c.cap, bound > live ? bound - live : 0);
-    if (size <= limit) {
-        c.shrink_to(limit - size);
-        c.free_blocks[size].push_back(p);
-        c.bytes += size;
-        return;
+    if (size >= kCachedFrom) {
+        Cache& c = cache();
+        std::lock_guard lock(c.mutex);
+        // Live and cached bytes together stay within 5/4 of the most the process ever had
+        // live (memory.hpp says why not 1); RAG_HOST_CACHE_MB caps the cache further.
+        const std::size_t live = held_bytes.load(), most = held_high_water.load();
+        const std::size_t bound = most + most / 4;
+        const std::size_t limit = std::min(c.cap, bound > live ? bound - live : 0);
+        if (size <= limit) {
+            c.shrink_to(limit - size);
+            c.free_blocks[size].push_back(p);
+            c.bytes += size;
+            return;
+        }
     }
     std::free(p);
 }

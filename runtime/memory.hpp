@@ -9,17 +9,14 @@
 // near-uniform pair-program step here. Small blocks go straight to malloc, which caches them
 // itself.
 //
-// The cache holds at most 9/8 of the process's high-water mark of live bytes minus the bytes
+// The cache holds at most 5/4 of the process's high-water mark of live bytes minus the bytes
 // live now, so a step's whole working set stays resident between calls, however large (a
-// fixed 1 GiB cap emptied the whole cache whenever a larger step passed it), and a request
-// takes a cached block of its own size class or, failing that, of a larger class up to 3/2 of
-// its own. Why not the high-water mark and exact classes alone: a step needs, class by class,
-// the most blocks of that class it ever holds at once, and those maxima add up to more than
-// the peak of the sum (1.21x in BERT-Small's training step), so bounded by the peak that step
-// freed and faulted in again about 900 MB of blocks every call (220K page faults, ~5% of its
-// time). A larger block serves a smaller class in place of a fresh one, and with the eighth's
-// slack the faults are gone from the third call on, for 8% more resident memory in a step
-// (a quarter's slack without the larger blocks took 22%).
+// fixed 1 GiB cap emptied the whole cache whenever a larger step passed it). Why not the
+// high-water mark itself: a step needs, size class by size class, the most blocks of that
+// class it ever holds at once, and those maxima add up to more than the peak of the sum;
+// bounded by the peak, BERT-Small's training step freed and faulted in again about 900 MB of
+// blocks every call (220K page faults). The quarter's slack removes them all there, at most
+// a quarter more resident memory than the computation's own peak.
 #pragma once
 #include <cstddef>
 
