@@ -421,9 +421,9 @@ class EmulatedKernel final : public CpuKernel {
 
     void launch(std::int64_t grid, std::span<void* const> buffers,
                 std::span<const std::int64_t> params) const override {
-        if (buffers.size() != k_.globals() || params.size() != k_.params.size())
-            fail("internal: kernel ", k_.name, " launched with ", buffers.size(), " buffers and ",
-                 params.size(), " parameters, wants ", k_.globals(), " and ", k_.params.size());
+        std::vector<std::uint64_t> addresses;
+        for (void* b : buffers) addresses.push_back(std::uint64_t(std::uintptr_t(b)));
+        check_kir_launch(k_, addresses, params.size(), "(emulated GPU)");
         if (grid <= 0) return;
         // Shared arrays are the module's globals: one launch at a time.
         std::lock_guard<std::mutex> one_at_a_time(mu_);

@@ -26,9 +26,7 @@ class LoadedKernel final : public GpuKernel {
 
     void launch(std::int64_t grid, std::span<const std::uint64_t> buffers,
                 std::span<const std::int64_t> params) const override {
-        if (buffers.size() != k_.globals() || params.size() != k_.params.size())
-            fail("internal: kernel ", k_.name, " launched with ", buffers.size(), " buffers and ",
-                 params.size(), " parameters, wants ", k_.globals(), " and ", k_.params.size());
+        check_kir_launch(k_, buffers, params.size(), "");
         if (grid <= 0) return;
         const std::int64_t per_block = kir_scratch_bytes(k_, params);
         const std::int64_t blocks = kir_gpu_blocks(grid, per_block, cuda::device().multiprocessors);

@@ -23,7 +23,8 @@ class GpuKernel {
   public:
     virtual ~GpuKernel() = default;
     // `buffers` holds the device pointers (cuda::Buffer::ptr()) of the kernel's global buffers
-    // in declaration order. Returns once the launch is queued.
+    // in declaration order, each 16-byte aligned (whole allocations are; the lowering's
+    // 16-byte staging relies on it, and a launch checks it). Returns once the launch is queued.
     virtual void launch(std::int64_t grid, std::span<const std::uint64_t> buffers,
                         std::span<const std::int64_t> params) const = 0;
     virtual const std::string& ptx() const = 0;

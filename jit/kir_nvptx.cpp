@@ -31,7 +31,10 @@ class NvptxLowering final : public KirLowering {
         if (emulated_) types = {i64, ptr, ptr, ptr, ptr};
         auto* fn = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), types, false),
                                           llvm::Function::ExternalLinkage, name, m_);
-        if (!emulated_) mark_kernel(*fn, kKirBlock);
+        // One block per SM is all the tile programs ask of ptxas: left to itself it caps
+        // registers for occupancy (168 for 3 blocks of 128 threads) and spills the fragments
+        // and unrolled tiles instead; FlashAttention's kernels are bound the same way.
+        if (!emulated_) mark_kernel(*fn, kKirBlock, 1);
         b_.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", fn));
         llvm::Value* grid = fn->getArg(0);
         std::vector<llvm::Value*> params, buffers, scratch_at;
@@ -289,9 +292,10 @@ class NvptxLowering final : public KirLowering {
         }
     }
 
-    // copy16 as one 16-byte load and store when the indices are multiples of the count (so
-    // both addresses are 16-byte aligned when the bases are: shared arrays are, padded rows
-    // included, and the source base is checked here at run time), else element by element.
+    // copy16 as one 16-byte load and store when the indices are multiples of the count: both
+    // addresses are then 16-byte aligned, as shared arrays are (padded rows included) and
+    // every global buffer is at launch (GpuKernel::launch checks it), so the key loops stage
+    // with no scalar fallback; else element by element.
     void copy16(const Stmt& s) override {
         const std::int64_t src = s.c.node().i;
         const kir::Elem e = k_.buffers[std::size_t(s.id)].elem;
@@ -301,14 +305,6 @@ class NvptxLowering final : public KirLowering {
         if (!kir::multiple_of(s.a, n) || !kir::multiple_of(s.b, n) || to.row % n != 0 ||
             from.row % n != 0)
             return KirLowering::copy16(s);
-        llvm::Function* fn = b_.GetInsertBlock()->getParent();
-        auto& ctx = m_.getContext();
-        auto* vector = llvm::BasicBlock::Create(ctx, "vector", fn);
-        auto* scalar = llvm::BasicBlock::Create(ctx, "scalar", fn);
-        auto* done = llvm::BasicBlock::Create(ctx, "copied", fn);
-        llvm::Value* base = b_.CreatePtrToInt(buffer(int(src)), b_.getInt64Ty());
-        b_.CreateCondBr(b_.CreateICmpEQ(b_.CreateAnd(base, 15), b_.getInt64(0)), vector, scalar);
-        b_.SetInsertPoint(vector);
         llvm::Type* t = storage_type(e);
         auto* v = llvm::FixedVectorType::get(t, unsigned(n));
         llvm::Value* from_at = b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b)));
@@ -316,11 +312,6 @@ class NvptxLowering final : public KirLowering {
         scoped(l, src);
         llvm::Value* to_at = b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a)));
         scoped(b_.CreateAlignedStore(l, to_at, llvm::Align(16)), s.id);
-        b_.CreateBr(done);
-        b_.SetInsertPoint(scalar);
-        KirLowering::copy16(s);
-        b_.CreateBr(done);
-        b_.SetInsertPoint(done);
     }
 
   private:
@@ -527,6 +518,18 @@ std::string kir_ptx(const kir::Kernel& k, const std::string& arch) {
 
 void lower_kir_emulated(llvm::Module& m, const kir::Kernel& k, const std::string& entry) {
     NvptxLowering(m, k, true).build(entry);
+}
+
+void check_kir_launch(const kir::Kernel& k, std::span<const std::uint64_t> buffers,
+                      std::size_t params, const std::string& where) {
+    const std::string kernel = where.empty() ? k.name : k.name + " " + where;
+    if (buffers.size() != k.globals() || params != k.params.size())
+        fail("internal: kernel ", kernel, " launched with ", buffers.size(), " buffers and ",
+             params, " parameters, wants ", k.globals(), " and ", k.params.size());
+    for (std::size_t i = 0; i < buffers.size(); ++i)
+        if (buffers[i] % 16 != 0)
+            fail("internal: kernel ", kernel, " launched with global buffer ", i,
+                 " not 16-byte aligned");
 }
 
 std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_t> params) {

@@ -30,6 +30,13 @@ inline constexpr int kKirBlock = 128; // threads per block, the kernels' launch 
 // PTX for `k` on `arch` (sm_80 or sm_90), its entry named k.name. Throws rag::Error.
 std::string kir_ptx(const kir::Kernel& k, const std::string& arch);
 
+// Checks what a launch of k's entry is given: as many buffers and parameters as k declares,
+// and every buffer 16-byte aligned (copy16's vector accesses rely on it; whole device
+// allocations are 256-byte aligned). Throws rag::Error naming the kernel and `where` (the
+// emulator's "(emulated GPU)").
+void check_kir_launch(const kir::Kernel& k, std::span<const std::uint64_t> buffers,
+                      std::size_t params, const std::string& where);
+
 // Scratch bytes one block needs: every scratch array, 64-byte aligned, as on the CPU.
 std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_t> params);
 

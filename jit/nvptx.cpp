@@ -160,18 +160,21 @@ std::unique_ptr<llvm::Module> new_nvptx_module(const std::string& name, llvm::LL
     return m;
 }
 
-void mark_kernel(llvm::Function& f, int max_threads) {
+void mark_kernel(llvm::Function& f, int max_threads, int min_blocks) {
     f.setCallingConv(llvm::CallingConv::PTX_Kernel);
-    if (max_threads <= 0) return;
-    // LLVM 16 emits .maxntid only from this annotation (it ignores the function attribute).
+    // LLVM 16 emits .maxntid and .minnctapersm only from these annotations (it ignores the
+    // function attributes).
     llvm::LLVMContext& ctx = f.getContext();
-    auto* i32 = llvm::Type::getInt32Ty(ctx);
-    llvm::Metadata* md[] = {
-        llvm::ValueAsMetadata::get(&f), llvm::MDString::get(ctx, "maxntidx"),
-        llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(i32, max_threads))};
-    f.getParent()
-        ->getOrInsertNamedMetadata("nvvm.annotations")
-        ->addOperand(llvm::MDNode::get(ctx, md));
+    auto annotate = [&](const char* key, int value) {
+        llvm::Metadata* md[] = {llvm::ValueAsMetadata::get(&f), llvm::MDString::get(ctx, key),
+                                llvm::ConstantAsMetadata::get(
+                                    llvm::ConstantInt::get(llvm::Type::getInt32Ty(ctx), value))};
+        f.getParent()
+            ->getOrInsertNamedMetadata("nvvm.annotations")
+            ->addOperand(llvm::MDNode::get(ctx, md));
+    };
+    if (max_threads > 0) annotate("maxntidx", max_threads);
+    if (min_blocks > 0) annotate("minctasm", min_blocks);
 }
 
 std::string compile_ptx(llvm::Module& m, const PtxOptions& opt) {

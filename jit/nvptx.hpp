@@ -24,8 +24,10 @@ void check_arch(const std::string& arch);
 std::unique_ptr<llvm::Module> new_nvptx_module(const std::string& name, llvm::LLVMContext& ctx,
                                                const std::string& arch);
 
-// Marks `f` as a kernel entry; `max_threads` > 0 also emits `.maxntid` (a launch bound).
-void mark_kernel(llvm::Function& f, int max_threads = 0);
+// Marks `f` as a kernel entry; `max_threads` > 0 also emits `.maxntid` (a launch bound), and
+// `min_blocks` > 0 `.minnctapersm` (the blocks per SM the kernel is compiled to fit; CUDA's
+// __launch_bounds__(max_threads, min_blocks)).
+void mark_kernel(llvm::Function& f, int max_threads = 0, int min_blocks = 0);
 
 // Links libdevice (only the __nv_* functions `m` calls), sets the FTZ reflect flag, runs the O3
 // pipeline with the NVPTX callbacks (nvvm-reflect among them) and returns the PTX text.
