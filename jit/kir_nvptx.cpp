@@ -305,8 +305,10 @@ class NvptxLowering final : public KirLowering {
         if (!kir::multiple_of(s.a, n) || !kir::multiple_of(s.b, n) || to.row % n != 0 ||
             from.row % n != 0)
             return KirLowering::copy16(s);
+        // Four 32-bit words whatever the element (LLVM splits <8 x i16>, bf16's storage, into
+        // two 8-byte accesses).
         llvm::Type* t = storage_type(e);
-        auto* v = llvm::FixedVectorType::get(t, unsigned(n));
+        auto* v = llvm::FixedVectorType::get(b_.getInt32Ty(), 4);
         llvm::Value* from_at = b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b)));
         llvm::LoadInst* l = b_.CreateAlignedLoad(v, from_at, llvm::Align(16));
         scoped(l, src);

@@ -282,35 +282,44 @@ TEST(GpuEmulator, FragmentsMatchTheCpu) {
 // vector accesses rely on every global buffer being 16-byte aligned at launch, so a launch
 // with one that is not is refused (a GPU would fault on the misaligned ld.global.v4).
 TEST(GpuEmulator, VectorCopiesMatchTheCpuAndNeedAlignedBuffers) {
-    kir::Builder b("copies");
-    const int src = b.buffer("src", kir::Elem::f16), out = b.buffer("out", kir::Elem::f32);
-    const int tile = b.shared("tile", 16 * 32, kir::Elem::f16, 32);
-    b.loop(
-        0, 16 * 32 / 8, [&](Expr v) { b.copy16(tile, v * 8, src, (b.pid() * 64 + v) * 8); },
-        kir::Loop::threads);
-    b.loop(
-        0, 16 * 32, [&](Expr x) { b.store(out, b.pid() * 512 + x, b.load(tile, x)); },
-        kir::Loop::threads);
-    const kir::Kernel k = b.finish();
-    std::vector<std::uint16_t> halves(2 * 512 + 8);
-    for (std::size_t x = 0; x < halves.size(); ++x) halves[x] = float_to_half(float(x % 977));
-    std::vector<float> want(1024, -1.0f), got(1024, -1.0f);
-    std::vector<void*> bufs = {halves.data() + 8, want.data()};
-    jit::compile_kernel_cpu(k)->launch(2, bufs, {});
-    bufs[1] = got.data();
-    jit::compile_kernel_emulated(k)->launch(2, bufs, {});
-    EXPECT_EQ(got, want);
-    EXPECT_EQ(want[1], float(9 % 977));
-    bufs[0] = halves.data() + 7;
-    EXPECT_EQ(error_of([&] { jit::compile_kernel_emulated(k)->launch(2, bufs, {}); }),
-              "internal: kernel copies (emulated GPU) launched with global buffer 0 not 16-byte "
-              "aligned");
-    const std::string ptx = jit::kir_ptx(k, "sm_90");
-    EXPECT_NE(ptx.find("ld.global.v4.b32"), std::string::npos) << ptx;
-    EXPECT_NE(ptx.find("st.shared.v4.b32"), std::string::npos) << ptx;
-    for (std::size_t at = ptx.find("ld.global"); at != std::string::npos;
-         at = ptx.find("ld.global", at + 1))
-        EXPECT_EQ(ptx.compare(at, 13, "ld.global.v4."), 0) << "a scalar fallback: " << ptx;
+    for (const kir::Elem e : {kir::Elem::f16, kir::Elem::bf16}) {
+        SCOPED_TRACE(e == kir::Elem::f16 ? "f16" : "bf16");
+        kir::Builder b("copies");
+        const int src = b.buffer("src", e), out = b.buffer("out", kir::Elem::f32);
+        const int tile = b.shared("tile", 16 * 32, e, 32);
+        b.loop(
+            0, 16 * 32 / 8, [&](Expr v) { b.copy16(tile, v * 8, src, (b.pid() * 64 + v) * 8); },
+            kir::Loop::threads);
+        b.loop(
+            0, 16 * 32, [&](Expr x) { b.store(out, b.pid() * 512 + x, b.load(tile, x)); },
+            kir::Loop::threads);
+        const kir::Kernel k = b.finish();
+        std::vector<std::uint16_t> halves(2 * 512 + 8);
+        for (std::size_t x = 0; x < halves.size(); ++x) {
+            const float f = float(x % 977);
+            halves[x] = e == kir::Elem::f16 ? float_to_half(f) : float_to_bf16(f);
+        }
+        std::vector<float> want(1024, -1.0f), got(1024, -1.0f);
+        std::vector<void*> bufs = {halves.data() + 8, want.data()};
+        jit::compile_kernel_cpu(k)->launch(2, bufs, {});
+        bufs[1] = got.data();
+        jit::compile_kernel_emulated(k)->launch(2, bufs, {});
+        EXPECT_EQ(got, want);
+        EXPECT_EQ(want[1], 9.0f);
+        bufs[0] = halves.data() + 7;
+        EXPECT_EQ(error_of([&] { jit::compile_kernel_emulated(k)->launch(2, bufs, {}); }),
+                  "internal: kernel copies (emulated GPU) launched with global buffer 0 not "
+                  "16-byte aligned");
+        // One 16-byte load and store per copy16 (for bf16 too, whose i16 vectors LLVM would
+        // split), and no scalar fallback.
+        const std::string ptx = jit::kir_ptx(k, "sm_90");
+        EXPECT_NE(ptx.find("ld.global.v4.u32"), std::string::npos) << ptx;
+        EXPECT_NE(ptx.find("st.shared.v4.u32"), std::string::npos) << ptx;
+        for (std::size_t at = ptx.find("ld.global"); at != std::string::npos;
+             at = ptx.find("ld.global", at + 1))
+            EXPECT_EQ(ptx.compare(at, 17, "ld.global.v4.u32 "), 0)
+                << "not one 16-byte load: " << ptx;
+    }
 }
 
 // The segment programs on the emulated device against their CPU lowering: bit for bit (each
