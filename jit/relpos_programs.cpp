@@ -956,7 +956,8 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dSx = b.scratch("dSx", by_row ? Expr(J * J) : Expr(1)); // [query][key]
     const int dQx = b.scratch("dQx", p.G * s.D);
-    const int S = b.fragment("S", J), dP = b.fragment("dP", J), dQ = b.fragment("dQ", s.D);
+    const std::int64_t Jh = J / 2;
+    const int S = b.fragment("S", Jh), dP = b.fragment("dP", Jh), dQ = b.fragment("dQ", s.D);
     const int Lv = b.fragment("Lv", 1), Dv = b.fragment("Dv", 1);
     p.own_part();
     Expr n = p.n;
@@ -987,22 +988,35 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
             const auto tile = p.key_tile(t, i0, rows, kend, Ks, p.projects_k() ? KsT : -1, Vs, ZK);
-            b.each(S, [&](Expr, Expr) {
-                b.put(S, 0.0);
-                b.put(dP, 0.0);
-            });
-            b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, 0, 1, s.D}, J, J, s.D, p.precision());
-            b.mma({dP, 0, J, 1}, {dOs, 0, s.Dv, 1}, {Vs, 0, 1, s.Dv}, J, J, s.Dv, p.precision());
-            b.each(S, [&](Expr r, Expr c) {
-                Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
-                Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
-                Expr u = b.let(p.pair_row(i - j), "u");
-                Expr sc =
-                    p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
-                Expr pr =
-                    b.let(select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)), "p");
-                b.put(S, pr * (b.here(dP) - b.here(Dv)) * s.scale);
-                if (by_row) b.store(dSx, r * J + c, b.here(S));
+            // The tile's keys in two halves of Jh (as the key pass does its queries): S and dP
+            // of a half are 16 registers a thread each beside dQ's 32.
+            b.loop(0, Expr(J / Jh), [&](Expr half) {
+                Expr c0 = b.let(half * Jh, "c0");
+                b.each(S, [&](Expr, Expr) {
+                    b.put(S, 0.0);
+                    b.put(dP, 0.0);
+                });
+                b.mma({S, 0, Jh, 1}, {Qs, 0, s.D, 1}, {Ks, c0 * s.D, 1, s.D}, J, Jh, s.D,
+                      p.precision());
+                b.mma({dP, 0, Jh, 1}, {dOs, 0, s.Dv, 1}, {Vs, c0 * s.Dv, 1, s.Dv}, J, Jh, s.Dv,
+                      p.precision());
+                b.each(S, [&](Expr r, Expr ch) { // r: a query of the strip, c: a key of the tile
+                    Expr c = b.let(c0 + ch, "c");
+                    Expr ra = b.let(min(r, rows - 1), "ra"),
+                         ca = b.let(min(c, tile.cols - 1), "ca");
+                    Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
+                    Expr u = b.let(p.pair_row(i - j), "u");
+                    Expr sc =
+                        p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
+                    Expr pr = b.let(
+                        select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)), "p");
+                    b.put(S, pr * (b.here(dP) - b.here(Dv)) * s.scale);
+                    if (by_row) b.store(dSx, r * J + c, b.here(S));
+                });
+                // dQ += dS K over the half's keys: dS rounded to the data's type by the mma, as
+                // FlashAttention does.
+                b.mma({dQ, 0, s.D, 1}, {S, 0, Jh, 1}, {Ks, c0 * s.D, s.D, 1}, J, s.D, Jh,
+                      p.precision());
             });
             if (by_row)
                 b.loop(
@@ -1012,8 +1026,6 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
                                     -1);
                     },
                     Loop::threads);
-            // dQ += dS K: dS rounded to the data's type by the mma, as FlashAttention does.
-            b.mma({dQ, 0, s.D, 1}, {S, 0, J, 1}, {Ks, 0, s.D, 1}, J, s.D, J, p.precision());
         });
         b.each(dQ, [&](Expr r, Expr x) { b.store(dQx, r * s.D + x, b.here(dQ)); });
         p.finish_query_strip(dQx, dq, i0, rows, dZ, qlo, wq, zq_part, zb_part,
@@ -1114,7 +1126,8 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const int dSx = b.scratch("dSx", s.ak ? Expr(J * J) : Expr(1)); // [key][query]
     const int dKx = b.scratch("dKx", p.G * s.D);
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
-    const int P = b.fragment("P", J), dS = b.fragment("dS", J);
+    const std::int64_t Jh = J / 2;
+    const int P = b.fragment("P", Jh), dS = b.fragment("dS", Jh);
     const int dK = b.fragment("dK", s.D), dV = b.fragment("dV", s.Dv);
     p.own_part();
     Expr n = p.n;
@@ -1137,22 +1150,36 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
             const auto [i0, rows, qlo, dmin, dmax] =
                 p.query_tile(first + t * J, j0, cols, {Qt, dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
-            b.each(P, [&](Expr, Expr) {
-                b.put(P, 0.0);
-                b.put(dS, 0.0);
-            });
-            b.mma({P, 0, J, 1}, {Ks, 0, s.D, 1}, {Qt, 0, 1, s.D}, J, J, s.D, p.precision());
-            b.mma({dS, 0, J, 1}, {Vs, 0, s.Dv, 1}, {dOt, 0, 1, s.Dv}, J, J, s.Dv, p.precision());
-            b.each(P, [&](Expr r, Expr c) { // r: a key of the strip, c: a query of the tile
-                Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
-                Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
-                Expr u = b.let(p.pair_row(i - j), "u");
-                Expr sc = p.masked(p.score(b.here(P), ca, ra, u, ZQ, qlo, ZK, klo, i, j), i, j);
-                Expr pr =
-                    b.let(select(r < cols && c < rows, exp(sc - b.load(Lt, ca)), Expr(0.0)), "p");
-                b.put(P, pr);
-                b.put(dS, pr * (b.here(dS) - b.load(Dt, ca)) * s.scale);
-                if (s.ak) b.store(dSx, r * J + c, b.here(dS));
+            // The tile's queries in two halves of Jh: P^T and dS^T of a half are 16 registers a
+            // thread each rather than 32, beside dK and dV's 64 (a whole tile spilled).
+            b.loop(0, Expr(J / Jh), [&](Expr half) {
+                Expr c0 = b.let(half * Jh, "c0");
+                b.each(P, [&](Expr, Expr) {
+                    b.put(P, 0.0);
+                    b.put(dS, 0.0);
+                });
+                b.mma({P, 0, Jh, 1}, {Ks, 0, s.D, 1}, {Qt, c0 * s.D, 1, s.D}, J, Jh, s.D,
+                      p.precision());
+                b.mma({dS, 0, Jh, 1}, {Vs, 0, s.Dv, 1}, {dOt, c0 * s.Dv, 1, s.Dv}, J, Jh, s.Dv,
+                      p.precision());
+                b.each(P, [&](Expr r, Expr ch) { // r: a key of the strip, c: a query of the tile
+                    Expr c = b.let(c0 + ch, "c");
+                    Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
+                    Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
+                    Expr u = b.let(p.pair_row(i - j), "u");
+                    Expr sc = p.masked(p.score(b.here(P), ca, ra, u, ZQ, qlo, ZK, klo, i, j), i, j);
+                    Expr pr = b.let(
+                        select(r < cols && c < rows, exp(sc - b.load(Lt, ca)), Expr(0.0)), "p");
+                    b.put(P, pr);
+                    b.put(dS, pr * (b.here(dS) - b.load(Dt, ca)) * s.scale);
+                    if (s.ak) b.store(dSx, r * J + c, b.here(dS));
+                });
+                // dV += P^T dO and dK += dS^T Q over the half's queries, P and dS rounded to
+                // the data's type by the mma.
+                b.mma({dV, 0, s.Dv, 1}, {P, 0, Jh, 1}, {dOt, c0 * s.Dv, s.Dv, 1}, J, s.Dv, Jh,
+                      p.precision());
+                b.mma({dK, 0, s.D, 1}, {dS, 0, Jh, 1}, {Qt, c0 * s.D, s.D, 1}, J, s.D, Jh,
+                      p.precision());
             });
             if (s.ak)
                 b.loop(
@@ -1161,9 +1188,6 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
                         p.by_offset(dZ, jj * p.W - klo, dSx, jj * J, 1, rows, i0 - j0 - jj, 1);
                     },
                     Loop::threads);
-            // dV += P^T dO and dK += dS^T Q, P and dS rounded to the data's type by the mma.
-            b.mma({dV, 0, s.Dv, 1}, {P, 0, J, 1}, {dOt, 0, s.Dv, 1}, J, s.Dv, J, p.precision());
-            b.mma({dK, 0, s.D, 1}, {dS, 0, J, 1}, {Qt, 0, s.D, 1}, J, s.D, J, p.precision());
         });
         b.each(dK, [&](Expr r, Expr x) { b.store(dKx, r * s.D + x, b.here(dK)); });
         b.each(dV, [&](Expr r, Expr x) {
