@@ -90,13 +90,19 @@ def loops(instrs):
 
 
 def key_loop(instrs):
-    """The key-tile loop: the innermost loop holding every HMMA, when that is a loop nested in
-    the grid-stride instance loop (the outermost one); None otherwise (no tensor cores)."""
+    """The key-tile loop: the innermost loop holding every HMMA and, in kernels that stage with
+    16-byte loads, one of them (each iteration stages the tile it streams: K and V, or Q and
+    dO in the key pass), when
+    that is a loop nested in the grid-stride instance loop (the outermost one); None otherwise
+    (no tensor cores). Loops inside it that hold every HMMA without staging are the backward
+    passes' halves of a tile pair."""
     hmma = [a for a, op, _ in instrs if op.startswith("HMMA")]
+    staging = [a for a, op, _ in instrs if op.startswith("LDG") and ".128" in op]
     ls = loops(instrs)
     if not hmma or not ls:
         return None
-    holding = [l for l in ls if l[0] <= min(hmma) and max(hmma) <= l[1]]
+    holding = [l for l in ls if l[0] <= min(hmma) and max(hmma) <= l[1]
+               and (not staging or any(l[0] <= a <= l[1] for a in staging))]
     if not holding:
         return None
     inner = min(holding, key=lambda l: l[1] - l[0])
@@ -107,12 +113,40 @@ def key_loop(instrs):
     return inner, depth
 
 
-def mma_loops(body, key, instrs):
-    """The instructions of the loops nested in the key loop that hold an HMMA (an mma
-    statement's loop over its warp's C tiles)."""
-    inner = [l for l in loops(instrs) if key[0] <= l[0] and l[1] <= key[1] and l != key
-             and any(l[0] <= a <= l[1] and op.startswith("HMMA") for a, op, _ in body)]
-    return [i for i in body if any(l[0] <= i[0] <= l[1] for l in inner)]
+# The backward passes run each tile pair in halves (jit/relpos_programs.cpp: the key pass
+# over J / 2 queries at a time, the query pass over J / 2 keys): a loop of this many trips.
+HALVES = 2
+
+
+def per_iteration(body, key, instrs, hmma_needed):
+    """Instruction counts of one key-loop iteration: a loop inside it holding HMMAs and other
+    such loops is a halves loop (HALVES trips); the innermost loops holding HMMAs (an mma
+    statement's loop over its warp's C tiles) run as often as the iteration's tile products
+    need (hmma_needed HMMAs a warp), every other inner loop (staging, softmax, projections)
+    once: an undercount. Returns (counts, the mma loops' trips)."""
+    inner = [l for l in loops(instrs) if key[0] <= l[0] and l[1] <= key[1] and l != key]
+    holds = [l for l in inner if any(l[0] <= a <= l[1] and op.startswith("HMMA")
+                                     for a, op, _ in body)]
+    halves = [l for l in holds
+              if any(m != l and l[0] <= m[0] and m[1] <= l[1] for m in holds)]
+    leaves = [l for l in holds if l not in halves]
+
+    def outer(a):
+        return HALVES ** sum(1 for l in halves if l[0] <= a <= l[1])
+
+    def in_leaf(a):
+        return any(l[0] <= a <= l[1] for l in leaves)
+
+    hmma = [a for a, op, _ in body if op.startswith("HMMA")]
+    fixed = sum(outer(a) for a in hmma if not in_leaf(a))
+    looped = sum(outer(a) for a in hmma if in_leaf(a))
+    trips = (hmma_needed - fixed) / looped if looped else 1
+    c = dict.fromkeys(COLUMNS, 0.0)
+    for a, op, args in body:
+        weight = outer(a) * (trips if in_leaf(a) else 1)
+        for k, v in count([(a, op, args)]).items():
+            c[k] += v * weight
+    return c, trips
 
 
 # Tile products per (strip, key tile) iteration on tensor cores, each 64 x 64 x 64: the
@@ -121,6 +155,12 @@ PRODUCTS = {"forward": 2, "query_grad": 3, "key_grad": 4}
 # Memory instructions: one warp instruction per clock per SM through the load/store unit
 # (128 bytes a clock of L1/shared bandwidth: a warp's 32-bit access, conflict-free).
 MEMORY = ["LDSM", "LDGSTS", "LDG", "STG", "LD", "ST", "LDS", "STS", "LDL", "STL"]
+
+
+def hmma_per_warp(pas):
+    """HMMAs (m16n8k16: 4096 FLOPs) a warp issues per key-loop iteration: the pass's tile
+    products of 64 x 64 x 64 shared by the block's warps."""
+    return PRODUCTS.get(pas, 0) * 64 ** 3 * 2 // 4096 // (BLOCK // 32)
 
 
 def occupancy(r, arch):
@@ -160,18 +200,16 @@ def relpos_model(row, key_loop, blocks_per_sm):
     resident = min(grid, SMS * blocks_per_sm)
     sms = min(SMS, resident)
     issue_rate = sms * min(4, warps * max(1, resident // sms)) * CLOCK  # warp-instr / s
-    static = key_loop["sass"]
-    hmma = PRODUCTS[row["pass"]] * 64 ** 3 * 2 // 4096 // warps  # per warp and iteration
-    trips = hmma / static["HMMA"]  # of the loops holding the HMMAs
-    per_warp = static["total"] + (trips - 1) * key_loop["mma_loops_sass"]["total"]
+    dynamic = key_loop["per_iteration"]
+    hmma = hmma_per_warp(row["pass"])
+    per_warp = dynamic["total"]
     t_issue = iterations * warps * per_warp / issue_rate
     t_tensor = iterations * warps * hmma * 4096 / (TENSOR_PEAK * sms / SMS)
-    mem = lambda c: sum(c[k] for k in MEMORY)  # noqa: E731
-    lsu = mem(static) + (trips - 1) * mem(key_loop["mma_loops_sass"])
+    lsu = sum(dynamic[k] for k in MEMORY)
     t_lsu = iterations * warps * lsu / (sms * CLOCK)
     flops = 4 * B * H * N * N * D + 2 * B * H * N * (2 * N - 1) * D * PROJECTIONS[row["map"]]
     return {"grid": grid, "sms": sms, "t_issue": max(t_issue, t_lsu), "t_tensor": t_tensor,
-            "paper_flops": flops, "per_warp": per_warp, "trips": trips}
+            "paper_flops": flops, "per_warp": per_warp, "trips": key_loop["mma_trips"]}
 
 
 def main(ptxdir, cuobjdump, commit, out_md, out_jsonl):
@@ -191,8 +229,9 @@ def main(ptxdir, cuobjdump, commit, out_md, out_jsonl):
         if kl:
             (lo, hi), depth = kl
             body = [i for i in instrs if lo <= i[0] <= hi]
+            dynamic, trips = per_iteration(body, (lo, hi), instrs, hmma_per_warp(pas))
             r["key_loop"] = {"depth": depth, "bytes": hi - lo + 16, "sass": count(body),
-                             "mma_loops_sass": count(mma_loops(body, (lo, hi), instrs))}
+                             "per_iteration": dynamic, "mma_trips": trips}
         r["blocks_per_sm"], r["occupancy"] = occupancy(r, arch)
         print(kid, arch, file=sys.stderr)
         return r
@@ -309,11 +348,13 @@ def render(rows, commit):
     w("")
     w("## Key-tile loop (static counts per iteration)\n")
     w("The key-tile loop is found in the SASS as the innermost loop (backward branch) holding "
-      "every HMMA of the kernel, when that is nested inside the grid-stride instance loop; "
-      "kernels without tensor cores (f32, GEMM-free passes) have none identified. Counts are "
-      "the instructions between the loop's head and its back branch, inner loops (the k steps "
-      "of an mma, strided staging loops) counted once, so they are lower bounds on one "
-      "iteration's dynamic count.\n")
+      "every HMMA of the kernel and, where the kernel stages with 16-byte loads, one of them "
+      "(each iteration stages the tile it streams), when that is nested inside the grid-stride "
+      "instance loop; kernels without tensor cores (f32, GEMM-free passes) have none "
+      "identified. Counts are the instructions between the loop's head and its back branch, "
+      "inner loops (the backward passes' two halves of a tile pair, the k steps of an mma, "
+      "strided staging loops) counted once, so they are lower bounds on one iteration's "
+      "dynamic count; the model below weights them.\n")
     w("| kernel | arch | depth | " + " | ".join(COLUMNS)
       + " | LDSM/HMMA | global ld/st but LDG.128 |")
     w("|---|---|---|" + "---|" * len(COLUMNS) + "---|---|")
@@ -360,11 +401,12 @@ def model_section(rows):
       "ptxas's registers and shared memory; an SM issues at most one warp instruction per "
       "scheduler (4) per clock and a warp at most one per clock, with no stalls (memory "
       "latency, barriers, dependent HMMA) at all.")
-    w("- Instructions per iteration per warp: the key loop's SASS, with the loops that hold "
-      "its HMMAs (an mma's loop over the warp's 16 x 8 C tiles) run as often as the tile "
-      "products need (64 x 64 x 64 each: 2 in the forward, 3 in the query pass, 4 in the key "
-      "pass, 32 HMMA per warp each), every other inner loop (staging, softmax, projections) "
-      "counted once: an undercount. All four warps execute it; time = max(issue time, tensor "
+    w("- Instructions per iteration per warp: the key loop's SASS, with the backward passes' "
+      "halves loop (an inner loop holding other loops with HMMAs) run twice, the innermost "
+      "loops that hold HMMAs (an mma's loop over the warp's 16 x 8 C tiles) run as often as "
+      "the tile products need (64 x 64 x 64 each: 2 in the forward, 3 in the query pass, 4 in "
+      "the key pass, 32 HMMA per warp each), every other inner loop (staging, softmax, "
+      "projections) counted once: an undercount. All four warps execute it; time = max(issue time, tensor "
       "time of the HMMAs at peak on the SMs in use, load/store-unit time at one memory warp "
       "instruction per clock per SM, i.e. 128 B/clock: every access an L1 hit without bank "
       "conflicts). DRAM/L2 bandwidth, latency and the barriers' waits are not charged.")
