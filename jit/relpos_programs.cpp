@@ -315,6 +315,31 @@ struct Program {
             [&](Expr x) { b.store(dst, x, b.load(src, x)); }, Loop::threads);
         return dst;
     }
+    // The backward passes on tensor cores take a tile pair's second dimension (the query
+    // pass's keys, the key pass's queries) in halves of Jh, in a loop so that one half's
+    // fragments die before the next one's are made: with whole tiles the two product
+    // fragments and the accumulators did not fit the registers (bench/results/gpu_static.md).
+    static constexpr std::int64_t Jh = RelposShape::J / 2;
+    // x = a y^T, one fragment product per half: a is the pass's own staged strip, y the other
+    // side's staged tile, both [J][width] row-major; x holds the half's Jh columns.
+    struct HalfProduct {
+        int x, a, y;
+        std::int64_t width;
+    };
+    // For each half, at column c0 of the tile: zeroes and forms both products, then body(c0).
+    void halves(HalfProduct first, HalfProduct second, const std::function<void(Expr)>& body) {
+        b.loop(0, Expr(RelposShape::J / Jh), [&](Expr half) {
+            Expr c0 = b.let(half * Jh, "c0");
+            b.each(first.x, [&](Expr, Expr) {
+                b.put(first.x, 0.0);
+                b.put(second.x, 0.0);
+            });
+            for (const HalfProduct& m : {first, second})
+                b.mma({m.x, 0, Jh, 1}, {m.a, 0, m.width, 1}, {m.y, c0 * m.width, 1, m.width},
+                      RelposShape::J, Jh, m.width, precision());
+            body(c0);
+        });
+    }
     bool tensor_core_products(std::int64_t width) const {
         return s.tensor_cores && width % 16 == 0;
     }
@@ -956,7 +981,7 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dSx = b.scratch("dSx", by_row ? Expr(J * J) : Expr(1)); // [query][key]
     const int dQx = b.scratch("dQx", p.G * s.D);
-    const std::int64_t Jh = J / 2;
+    const auto Jh = Program::Jh;
     const int S = b.fragment("S", Jh), dP = b.fragment("dP", Jh), dQ = b.fragment("dQ", s.D);
     const int Lv = b.fragment("Lv", 1), Dv = b.fragment("Dv", 1);
     p.own_part();
@@ -988,18 +1013,9 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
             const auto tile = p.key_tile(t, i0, rows, kend, Ks, p.projects_k() ? KsT : -1, Vs, ZK);
-            // The tile's keys in two halves of Jh (as the key pass does its queries): S and dP
-            // of a half are 16 registers a thread each beside dQ's 32.
-            b.loop(0, Expr(J / Jh), [&](Expr half) {
-                Expr c0 = b.let(half * Jh, "c0");
-                b.each(S, [&](Expr, Expr) {
-                    b.put(S, 0.0);
-                    b.put(dP, 0.0);
-                });
-                b.mma({S, 0, Jh, 1}, {Qs, 0, s.D, 1}, {Ks, c0 * s.D, 1, s.D}, J, Jh, s.D,
-                      p.precision());
-                b.mma({dP, 0, Jh, 1}, {dOs, 0, s.Dv, 1}, {Vs, c0 * s.Dv, 1, s.Dv}, J, Jh, s.Dv,
-                      p.precision());
+            // The tile's keys in halves (as the key pass does its queries): S and dP of a half
+            // are 16 registers a thread each beside dQ's 32.
+            p.halves({S, Qs, Ks, s.D}, {dP, dOs, Vs, s.Dv}, [&](Expr c0) {
                 b.each(S, [&](Expr r, Expr ch) { // r: a query of the strip, c: a key of the tile
                     Expr c = b.let(c0 + ch, "c");
                     Expr ra = b.let(min(r, rows - 1), "ra"),
@@ -1126,7 +1142,7 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const int dSx = b.scratch("dSx", s.ak ? Expr(J * J) : Expr(1)); // [key][query]
     const int dKx = b.scratch("dKx", p.G * s.D);
     const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
-    const std::int64_t Jh = J / 2;
+    const auto Jh = Program::Jh;
     const int P = b.fragment("P", Jh), dS = b.fragment("dS", Jh);
     const int dK = b.fragment("dK", s.D), dV = b.fragment("dV", s.Dv);
     p.own_part();
@@ -1150,18 +1166,9 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
             const auto [i0, rows, qlo, dmin, dmax] =
                 p.query_tile(first + t * J, j0, cols, {Qt, dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
-            // The tile's queries in two halves of Jh: P^T and dS^T of a half are 16 registers a
-            // thread each rather than 32, beside dK and dV's 64 (a whole tile spilled).
-            b.loop(0, Expr(J / Jh), [&](Expr half) {
-                Expr c0 = b.let(half * Jh, "c0");
-                b.each(P, [&](Expr, Expr) {
-                    b.put(P, 0.0);
-                    b.put(dS, 0.0);
-                });
-                b.mma({P, 0, Jh, 1}, {Ks, 0, s.D, 1}, {Qt, c0 * s.D, 1, s.D}, J, Jh, s.D,
-                      p.precision());
-                b.mma({dS, 0, Jh, 1}, {Vs, 0, s.Dv, 1}, {dOt, c0 * s.Dv, 1, s.Dv}, J, Jh, s.Dv,
-                      p.precision());
+            // The tile's queries in halves: P^T and dS^T of a half are 16 registers a thread
+            // each rather than 32, beside dK and dV's 64 (a whole tile spilled).
+            p.halves({P, Ks, Qt, s.D}, {dS, Vs, dOt, s.Dv}, [&](Expr c0) {
                 b.each(P, [&](Expr r, Expr ch) { // r: a key of the strip, c: a query of the tile
                     Expr c = b.let(c0 + ch, "c");
                     Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
