@@ -152,6 +152,16 @@ struct Program {
         return b.scratch(name, Expr(rows * width));
     }
     std::int64_t shared_bytes = 0;
+    // A row of `size` f32 values read inside the key loop (each query's lse and D in the key
+    // pass): shared memory with tensor cores while the block's 48 KiB last, else scratch.
+    int small(const char* name, std::int64_t size) {
+        const std::int64_t bytes = (size * 4 + 63) / 64 * 64;
+        if (s.tensor_cores && shared_bytes + bytes <= kir::kSharedBytes) {
+            shared_bytes += bytes;
+            return b.shared(name, size);
+        }
+        return b.scratch(name, Expr(size));
+    }
 
     // The expanded row of offset delta.
     Expr row(Expr delta) { return clamp(delta, -Delta, Delta) + Delta; }
@@ -1141,7 +1151,7 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dSx = b.scratch("dSx", s.ak ? Expr(J * J) : Expr(1)); // [key][query]
     const int dKx = b.scratch("dKx", p.G * s.D);
-    const int Lt = b.scratch("Lt", Expr(J)), Dt = b.scratch("Dt", Expr(J));
+    const int Lt = p.small("Lt", J), Dt = p.small("Dt", J);
     const auto Jh = Program::Jh;
     const int P = b.fragment("P", Jh), dS = b.fragment("dS", Jh);
     const int dK = b.fragment("dK", s.D), dV = b.fragment("dV", s.Dv);
