@@ -152,6 +152,21 @@ struct Program {
         return b.scratch(name, Expr(rows * width));
     }
     std::int64_t shared_bytes = 0;
+    // Tensor-core programs whose scores add a bias without a query-side table (T5): each tile
+    // pair's reachable bias rows [bias_lo, ...) staged in `bias_rows` (stage_bias, from
+    // query_tile and key_tile), which score() reads instead of eb. -1: read eb.
+    int bias_rows = -1;
+    Expr bias_lo;
+    void take_bias_rows() {
+        if (s.bias && !s.aq && s.tensor_cores) bias_rows = small("Bt", 2 * RelposShape::J);
+    }
+    void stage_bias(Expr lo, Expr count) {
+        if (bias_rows < 0) return;
+        bias_lo = lo;
+        b.loop(
+            0, count, [&](Expr w) { b.store(bias_rows, w, b.load(eb, h * U + lo + w)); },
+            Loop::threads);
+    }
     // A row of `size` f32 values read inside the key loop (each query's lse and D in the key
     // pass): shared memory with tensor cores while the block's 48 KiB last, else scratch.
     int small(const char* name, std::int64_t size) {
@@ -378,7 +393,7 @@ struct Program {
             t = t +
                 (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i))) : b.load(zq, (u - qlo) * J + qi));
         else if (s.bias)
-            t = t + b.load(eb, h * U + u);
+            t = t + (bias_rows >= 0 ? b.load(bias_rows, u - bias_lo) : b.load(eb, h * U + u));
         if (s.ak)
             t = t +
                 (s.saved ? b.load(zks, saved_at(j, u, k_lo(j))) : b.load(zk, (u - klo) * J + kj));
@@ -481,6 +496,7 @@ struct Program {
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr qlo = b.let(row(dmin), "qlo");
         if (projects_q()) project(t.ZQ, t.QtT, eq, qlo, row(dmax) - qlo + 1, s.bias);
+        stage_bias(qlo, row(dmax) - qlo + 1);
         return {i0, rows, qlo, dmin, dmax};
     }
 
@@ -501,6 +517,7 @@ struct Program {
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
         if (projects_k()) project(ZK, KsT, ek, klo, row(dmax) - klo + 1, false);
+        stage_bias(klo, row(dmax) - klo + 1);
         return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
     }
 
@@ -711,6 +728,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     const int Qs = p.staged("Qs", J, s.D), Ks = p.staged("Ks", J, s.D);
     const int Vs = p.staged("Vs", J, s.Dv);
     const int KsT = p.projects_k() ? p.staged("KsT", s.D, J) : -1;
+    p.take_bias_rows();
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
@@ -983,6 +1001,7 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
     const auto [dO, out, lse, dq, delta, zq_part, zb_part, range] = p.query_grad_globals();
     const int Qs = p.staged("Qs", J, s.D), dOs = p.staged("dOs", J, s.Dv);
     const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
+    p.take_bias_rows();
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
@@ -1152,6 +1171,7 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const int dSx = b.scratch("dSx", s.ak ? Expr(J * J) : Expr(1)); // [key][query]
     const int dKx = b.scratch("dKx", p.G * s.D);
     const int Lt = p.small("Lt", J), Dt = p.small("Dt", J);
+    p.take_bias_rows();
     const auto Jh = Program::Jh;
     const int P = b.fragment("P", Jh), dS = b.fragment("dS", Jh);
     const int dK = b.fragment("dK", s.D), dV = b.fragment("dV", s.Dv);
