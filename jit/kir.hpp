@@ -247,7 +247,7 @@ class Builder {
     // dst[di + x] = src[si + x] for the x < 16 / element bytes of one 16-byte vector, dst and
     // src of one element type (no conversion), inside a threads loop. The GPU moves them as
     // one 16-byte load and store when multiple_of shows both indices are multiples of the
-    // count (global buffers are 16-byte aligned at every launch: jit/kir_gpu.hpp), else
+    // count (global buffers are 16-byte aligned at every launch: check_kir_launch), else
     // element by element.
     void copy16(int dst, Expr di, int src, Expr si);
     void loop(Expr lo, Expr hi, const std::function<void(Expr)>& body, Loop kind = Loop::serial);

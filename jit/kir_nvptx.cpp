@@ -294,7 +294,7 @@ class NvptxLowering final : public KirLowering {
 
     // copy16 as one 16-byte load and store when the indices are multiples of the count: both
     // addresses are then 16-byte aligned, as shared arrays are (padded rows included) and
-    // every global buffer is at launch (GpuKernel::launch checks it), so the key loops stage
+    // every global buffer is at launch (check_kir_launch refuses others), so the key loops stage
     // with no scalar fallback; else element by element.
     void copy16(const Stmt& s) override {
         const std::int64_t src = s.c.node().i;

@@ -167,8 +167,9 @@ struct Program {
             0, count, [&](Expr w) { b.store(bias_rows, w, b.load(eb, h * U + lo + w)); },
             Loop::threads);
     }
-    // A row of `size` f32 values read inside the key loop (each query's lse and D in the key
-    // pass): shared memory with tensor cores while the block's 48 KiB last, else scratch.
+    // A row of `size` f32 values read element by element inside the key loop (the key pass's
+    // lse and D, a tile pair's bias rows): shared memory with tensor cores while the block's
+    // 48 KiB last, else scratch.
     int small(const char* name, std::int64_t size) {
         const std::int64_t bytes = (size * 4 + 63) / 64 * 64;
         if (s.tensor_cores && shared_bytes + bytes <= kir::kSharedBytes) {
