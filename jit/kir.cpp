@@ -60,6 +60,30 @@ std::int64_t array_bytes(const BufferDecl& b, std::span<const std::int64_t> para
     return (n + (b.row ? (n + b.row - 1) / b.row * b.pad() : 0)) * elem_bytes(b.elem);
 }
 
+namespace {
+std::int64_t aligned_shared_bytes(const BufferDecl& b) {
+    return (array_bytes(b, {}) + 63) / 64 * 64;
+}
+} // namespace
+
+std::vector<std::int64_t> shared_offsets(const Kernel& k) {
+    std::vector<std::int64_t> at(k.buffers.size(), -1);
+    std::int64_t offset = 0;
+    for (std::size_t b = 0; b < k.buffers.size(); ++b)
+        if (k.buffers[b].space == Space::shared) {
+            at[b] = offset;
+            offset += aligned_shared_bytes(k.buffers[b]);
+        }
+    return at;
+}
+
+std::int64_t shared_bytes(const Kernel& k) {
+    std::int64_t bytes = 0;
+    for (const BufferDecl& b : k.buffers)
+        if (b.space == Space::shared) bytes += aligned_shared_bytes(b);
+    return bytes;
+}
+
 bool multiple_of(const Expr& e, std::int64_t m) {
     const Node& n = e.node();
     switch (n.op) {
@@ -221,10 +245,7 @@ int Builder::shared(const std::string& name, std::int64_t size, Elem e, std::int
         fail("kernel IR ", k_.name, ": shared array ", name, " padded every ", row,
              " elements (a multiple of 8)");
     const BufferDecl decl{name, e, Space::shared, Expr(size), row};
-    auto aligned = [](const BufferDecl& b) { return (array_bytes(b, {}) + 63) / 64 * 64; };
-    std::int64_t bytes = size < 1 ? 0 : aligned(decl);
-    for (const auto& b : k_.buffers)
-        if (b.space == Space::shared) bytes += aligned(b);
+    const std::int64_t bytes = size < 1 ? 0 : aligned_shared_bytes(decl) + shared_bytes(k_);
     if (size < 1 || bytes > kSharedBytes)
         fail("kernel IR ", k_.name, ": shared array ", name, " of ", size,
              " elements does not fit the ", kSharedBytes, " bytes of shared memory");
@@ -337,6 +358,23 @@ void Builder::store(int buf, Expr index, Expr v) {
     if (index.type() != Type::i64 || v.type() != value_type(b.elem))
         fail("kernel IR ", k_.name, ": store to ", b.name, " of the wrong type");
     block().push_back({Stmt::Kind::store, buf, index, v, {}, {}, {}, Loop::serial, {}});
+}
+
+void Builder::copy16_async(int dst, Expr di, int src, Expr si) {
+    if (decl(dst).space != Space::shared || decl(src).space != Space::global)
+        fail("kernel IR ", k_.name, ": copy16_async from ", decl(src).name, " to ", decl(dst).name,
+             " (global to shared only)");
+    copy16(dst, di, src, si);
+    block().back().async = true;
+}
+
+void Builder::await_copies(std::int64_t in_flight) {
+    if (threads_depth_ > 0 || each_ >= 0)
+        fail("kernel IR ", k_.name, ": await_copies inside a threads loop or an each");
+    if (in_flight < 0 || in_flight > 7)
+        fail("kernel IR ", k_.name, ": await_copies leaves 0 to 7 groups in flight");
+    Stmt s{Stmt::Kind::await_copies, in_flight, {}, {}, {}, {}, {}, Loop::serial, {}};
+    block().push_back(std::move(s));
 }
 
 void Builder::copy16(int dst, Expr di, int src, Expr si) {
@@ -601,7 +639,10 @@ void print_block(std::ostream& os, const Kernel& k, const std::vector<Stmt>& bod
             print_expr(os, k, s.a);
             os << " ..] = " << k.buffers[std::size_t(s.c.node().i)].name << "[";
             print_expr(os, k, s.b);
-            os << " ..] (16 bytes)\n";
+            os << " ..] (16 bytes" << (s.async ? ", async" : "") << ")\n";
+            continue;
+        case Stmt::Kind::await_copies:
+            os << "await_copies, " << s.id << " group(s) left in flight\n";
             continue;
         case Stmt::Kind::reduce:
             os << k.buffers[std::size_t(s.id)].name << " = row_"

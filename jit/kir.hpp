@@ -156,18 +156,21 @@ struct Stmt {
         each,
         put,
         reduce,
-        copy
+        copy,
+        await_copies
     } kind;
     // let / var / buffer index; the loop's index let; each, put, reduce: the fragment written
     std::int64_t id = 0;
     // let: a; assign: a; store: index a, value b; loop: lo a, hi b; if: a; each: the lets of
     // row a and column b; put: value a; reduce: the fragment reduced, a constant, in a; copy:
-    // destination index a, source index b, source buffer (a constant) c
+    // destination index a, source index b, source buffer (a constant) c; await_copies: the
+    // groups left in flight in id
     Expr a, b, c;
     std::vector<Stmt> body, orelse;
     Loop loop = Loop::serial;
     std::shared_ptr<const Mma> mma; // kind mma
     Reduce reduce = Reduce::sum;    // kind reduce
+    bool async = false;             // kind copy: issued now, complete at an await_copies
 };
 
 struct BufferDecl {
@@ -183,8 +186,12 @@ struct BufferDecl {
     std::int64_t physical(std::int64_t x) const { return row ? x + x / row * pad() : x; }
 };
 
-// The most shared memory one program instance may declare (the GPU's static limit per block).
-inline constexpr std::int64_t kSharedBytes = 48 * 1024;
+// The most shared memory one program instance may declare. Past kStaticSharedBytes, the GPU's
+// static limit per block, the NVPTX lowering places the arrays in dynamic shared memory, which
+// the launch asks for (sm_80 allows 163 KiB a block, sm_90 227 KiB; 96 KiB leaves an H100 room
+// for two blocks of a tile program, as many as their registers allow).
+inline constexpr std::int64_t kStaticSharedBytes = 48 * 1024;
+inline constexpr std::int64_t kSharedBytes = 96 * 1024;
 
 struct Kernel {
     std::string name;
@@ -207,6 +214,10 @@ inline bool in_scratch_region(const BufferDecl& b, bool gpu) {
 std::int64_t fragment_cols(const BufferDecl& b);
 // The bytes of a scratch or shared array per program instance.
 std::int64_t array_bytes(const BufferDecl& b, std::span<const std::int64_t> params);
+// Where each shared array of k starts in the block's shared memory (64-byte aligned, in
+// declaration order; -1 for other buffers), and the bytes they take in all.
+std::vector<std::int64_t> shared_offsets(const Kernel& k);
+std::int64_t shared_bytes(const Kernel& k);
 
 // How the GPU gathers an mma operand's fragments on tensor cores. `ldmatrix` (m8n8, 16-bit):
 // one instruction per four 8 x 8 matrices of A or two of B, each 8-element row read as 16
@@ -250,6 +261,16 @@ class Builder {
     // count (global buffers are 16-byte aligned at every launch: check_kir_launch), else
     // element by element.
     void copy16(int dst, Expr di, int src, Expr si);
+    // copy16 from a global buffer into a shared array, asynchronously on the GPU (cp.async): the
+    // copy lands at an await_copies, and until then no thread may touch its destination. The
+    // CPU copies at once. An unaligned copy (see copy16) is made at once on the GPU too.
+    void copy16_async(int dst, Expr di, int src, Expr si);
+    // The async copies this thread issued since the last await_copies form one group; waits
+    // until at most `in_flight` groups are still in flight, then for the whole block (a
+    // barrier), so every landed copy is visible to every thread. A statement of the whole
+    // program instance (not inside a threads loop). Double buffering: issue tile t + 1, then
+    // await_copies(1) lands tile t.
+    void await_copies(std::int64_t in_flight);
     void loop(Expr lo, Expr hi, const std::function<void(Expr)>& body, Loop kind = Loop::serial);
     void when(Expr cond, const std::function<void()>& then,
               const std::function<void()>& otherwise = {});

@@ -236,6 +236,7 @@ class Analysis {
                 scan(s.a, spread, seen);
                 break;
             case Stmt::Kind::reduce:
+            case Stmt::Kind::await_copies:
                 break;
             case Stmt::Kind::copy: // 16 bytes per lane, as the lowering vectorises it
                 scan(s.a, spread, seen);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -28,7 +29,9 @@ static_assert(offsetof(EmuThread, tid) == kEmuTid && offsetof(EmuThread, ntid) =
               offsetof(EmuThread, barrier) == kEmuBarrier && offsetof(EmuThread, mma) == kEmuMma &&
               offsetof(EmuThread, access) == kEmuAccess &&
               offsetof(EmuThread, ldmatrix) == kEmuLdmatrix &&
-              offsetof(EmuThread, shfl) == kEmuShfl);
+              offsetof(EmuThread, shfl) == kEmuShfl &&
+              offsetof(EmuThread, cp_async) == kEmuCpAsync &&
+              offsetof(EmuThread, cp_wait) == kEmuCpWait);
 
 using Entry = void (*)(std::int64_t grid, const std::int64_t* params, void* const* buffers,
                        char* scratch, EmuThread* thread);
@@ -51,6 +54,8 @@ void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::in
 void on_ldmatrix(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t shape,
                  std::uint32_t* out);
 float on_shfl(EmuThread* t, float v, std::int64_t mask);
+void on_cp_async(EmuThread* t, std::int64_t region, char* base, char* at, const char* from);
+void on_cp_wait(EmuThread* t, std::int64_t in_flight);
 
 // The arrays a launch checks accesses against (see kir_emulator.hpp): each shared array, and
 // the scratch arrays at their offsets in a block's region, with the scratch base and the
@@ -75,7 +80,10 @@ struct Layout {
 class Shadow {
   public:
     Shadow(const Layout& l, std::int64_t ctaid) : l_(l), ctaid_(ctaid) {
-        for (const auto& [b, a] : l.shared) shared_[b].resize(std::size_t(a.bytes + 1) / kUnit);
+        for (const auto& [b, a] : l.shared) {
+            shared_[b].resize(std::size_t(a.bytes + 1) / kUnit);
+            in_flight_[b].assign(std::size_t(a.bytes + 1) / kUnit, -1);
+        }
         scratch_.resize(std::size_t(l.scratch_bytes + 1) / kUnit);
     }
     void barrier() { ++epoch_; }
@@ -111,6 +119,17 @@ class Shadow {
             }
             return &dummy_;
         }
+        if (region >= 0)
+            for (std::int64_t w = off / kUnit; w < (off + bytes + 1) / kUnit; ++w)
+                if (const int owner = in_flight_[region][std::size_t(w)];
+                    owner >= 0 && error_.empty()) {
+                    std::ostringstream e;
+                    e << "kernel " << l_.kernel << " (emulated GPU): thread " << tid
+                      << (write ? " writes" : " reads") << " `" << array->name << "` (byte "
+                      << w * kUnit << ") in block " << ctaid_ << " while thread " << owner
+                      << "'s cp.async to it is in flight (no cp.async.wait_group lands it)";
+                    error_ = e.str();
+                }
         for (std::int64_t w = off / kUnit; w < (off + bytes + 1) / kUnit; ++w) {
             Word& word = (*words)[std::size_t(first + w)];
             if (word.epoch != epoch_) word = Word{epoch_};
@@ -140,6 +159,13 @@ class Shadow {
         return at;
     }
 
+    // Marks the 16 bytes at `at` of shared array `region` as the destination of thread tid's
+    // cp.async in flight (tid >= 0), or as landed (tid < 0). The bytes are in bounds.
+    void in_flight(std::int64_t region, char* base, char* at, int tid) {
+        for (std::int64_t w = (at - base) / kUnit; w < (at - base + 16) / kUnit; ++w)
+            in_flight_[region][std::size_t(w)] = tid;
+    }
+
   private:
     struct Word {
         std::uint32_t epoch = 0;
@@ -151,6 +177,7 @@ class Shadow {
     std::int64_t ctaid_;
     std::uint32_t epoch_ = 1;
     std::map<std::int64_t, std::vector<Word>> shared_;
+    std::map<std::int64_t, std::vector<std::int32_t>> in_flight_; // cp.async's thread, or -1
     std::vector<Word> scratch_;
     std::string error_;
     alignas(16) char dummy_[64] = {};
@@ -170,8 +197,9 @@ class Block {
         : shadow(layout, ctaid), body_(body),
           stacks_(new char[std::size_t(kKirBlock) * kFiberStack]) {
         for (int t = 0; t < kKirBlock; ++t) {
-            threads_[t] = EmuThread{t,       kKirBlock, ctaid,      nctaid,       &on_barrier,
-                                    &on_mma, this,      &on_access, &on_ldmatrix, &on_shfl};
+            threads_[t] =
+                EmuThread{t,    kKirBlock,  ctaid,        nctaid,   &on_barrier,  &on_mma,
+                          this, &on_access, &on_ldmatrix, &on_shfl, &on_cp_async, &on_cp_wait};
             getcontext(&fibers_[t]);
             fibers_[t].uc_stack.ss_sp = stacks_.get() + std::size_t(t) * kFiberStack;
             fibers_[t].uc_stack.ss_size = kFiberStack;
@@ -191,11 +219,32 @@ class Block {
                 ran = true;
             }
             if (release()) continue;
-            if (!ran)
-                return std::all_of(state_, state_ + kKirBlock,
-                                   [](State s) { return s == State::done; });
+            if (!ran) break;
         }
+        for (int t = 0; t < kKirBlock; ++t)
+            if (!copies[t].issued.empty() ||
+                std::any_of(copies[t].groups.begin(), copies[t].groups.end(),
+                            [](const std::vector<Copy>& g) { return !g.empty(); })) {
+                std::ostringstream e;
+                e << "cp.async (emulated GPU): thread " << t << " of block " << threads_[t].ctaid
+                  << " ended with copies in flight (no cp.async.wait_group lands them)";
+                shadow.report(e.str());
+            }
+        return std::all_of(state_, state_ + kKirBlock, [](State s) { return s == State::done; });
     }
+
+    // A thread's cp.async copies: issued since its last commit, and committed groups in flight
+    // (oldest first).
+    struct Copy {
+        std::int64_t region;
+        char *base, *at;
+        const char* from;
+    };
+    struct Copies {
+        std::vector<Copy> issued;
+        std::deque<std::vector<Copy>> groups;
+    };
+    Copies copies[kKirBlock];
 
     Fragment slots[kKirBlock];
     Shadow shadow;
@@ -254,6 +303,40 @@ void on_barrier(EmuThread* t) {
 void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t how) {
     return static_cast<Block*>(t->block)->shadow.access(int(t->tid), region, base, at, how >> 1,
                                                         (how & 1) != 0);
+}
+
+// cp.async: the copy is checked and recorded as this thread's write now (it may land any time
+// before its wait), and its bytes are in flight until a cp.async.wait_group lands it: any access
+// to them before then, by any thread, is an error.
+void on_cp_async(EmuThread* t, std::int64_t region, char* base, char* at, const char* from) {
+    Block& b = *static_cast<Block*>(t->block);
+    if ((at - base) % 16 != 0 || std::uintptr_t(from) % 16 != 0) {
+        std::ostringstream e;
+        e << "cp.async (emulated GPU): thread " << t->tid << " of block " << t->ctaid
+          << " copies 16 bytes to byte " << at - base << " of a shared array, not 16-byte aligned";
+        b.shadow.report(e.str());
+        return;
+    }
+    if (b.shadow.access(int(t->tid), region, base, at, 16, true) != at) return; // out of bounds
+    b.shadow.in_flight(region, base, at, int(t->tid));
+    b.copies[t->tid].issued.push_back({region, base, at, from});
+}
+
+// cp.async.commit_group, then cp.async.wait_group in_flight: the groups older than the newest
+// `in_flight` land (copied, no longer in flight, recorded as this thread's writes).
+void on_cp_wait(EmuThread* t, std::int64_t in_flight) {
+    Block& b = *static_cast<Block*>(t->block);
+    Block::Copies& mine = b.copies[t->tid];
+    mine.groups.push_back(std::move(mine.issued));
+    mine.issued.clear();
+    while (std::int64_t(mine.groups.size()) > in_flight) {
+        for (const Block::Copy& c : mine.groups.front()) {
+            b.shadow.in_flight(c.region, c.base, c.at, -1);
+            std::memcpy(c.at, c.from, 16);
+            b.shadow.access(int(t->tid), c.region, c.base, c.at, 16, true);
+        }
+        mine.groups.pop_front();
+    }
 }
 
 // Routes every load and store of entry's shared arrays and scratch arrays through the

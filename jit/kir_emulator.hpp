@@ -27,6 +27,13 @@
 // array, the byte and the two threads (an out-of-bounds access is redirected to a dummy word,
 // so the emulation itself stays in bounds). mma.sync and ldmatrix are no barriers: they order a
 // warp's lanes, not the block.
+//
+// cp.async (16 bytes, global to shared): checked and recorded as the issuing thread's write when
+// issued (it may land any time before its wait), and its destination is in flight until a
+// cp.async.wait_group lands its group (the copy is made then): any access to bytes in flight,
+// by any thread, and a block whose threads end with copies in flight, fail the launch. So a
+// program that reads a staged tile before its wait is caught even though the host copies
+// nothing early.
 #pragma once
 #include "jit/kir.hpp"
 #include "jit/kir_cpu.hpp"
@@ -58,9 +65,15 @@ struct EmuThread {
                      std::uint32_t* out) = nullptr;
     // shfl.sync.bfly.b32 over the whole warp: lane ^ mask's value.
     float (*shfl)(EmuThread*, float v, std::int64_t mask) = nullptr;
+    // cp.async.cg.shared.global of 16 bytes from `from` to `at` in shared array `region`
+    // (starting at `base`), and cp.async.commit_group + cp.async.wait_group in_flight.
+    void (*cp_async)(EmuThread*, std::int64_t region, char* base, char* at,
+                     const char* from) = nullptr;
+    void (*cp_wait)(EmuThread*, std::int64_t in_flight) = nullptr;
 };
 inline constexpr int kEmuTid = 0, kEmuNtid = 8, kEmuCtaid = 16, kEmuNctaid = 24, kEmuBarrier = 32,
-                     kEmuMma = 40, kEmuAccess = 56, kEmuLdmatrix = 64, kEmuShfl = 72;
+                     kEmuMma = 40, kEmuAccess = 56, kEmuLdmatrix = 64, kEmuShfl = 72,
+                     kEmuCpAsync = 80, kEmuCpWait = 88;
 
 // The kernel lowered as for the GPU and compiled for the host. Its launch (CpuKernel's
 // interface, host pointers) runs `blocks` blocks (default: 2, fewer for smaller grids) so

@@ -19,7 +19,9 @@ class LoadedKernel final : public GpuKernel {
   public:
     explicit LoadedKernel(kir::Kernel k)
         : k_(std::move(k)), ptx_(kir_ptx(k_, device_arch())), module_(ptx_),
-          fn_(module_.kernel(k_.name)) {}
+          fn_(module_.kernel(k_.name)), shared_(unsigned(kir_dynamic_shared_bytes(k_))) {
+        if (shared_) fn_.allow_dynamic_shared(shared_);
+    }
 
     const std::string& ptx() const override { return ptx_; }
     const kir::Kernel& kernel() const override { return k_; }
@@ -42,7 +44,7 @@ class LoadedKernel final : public GpuKernel {
         std::vector<void*> args;
         for (auto& v : ints) args.push_back(&v);
         for (auto& p : ptrs) args.push_back(&p);
-        fn_.launch(unsigned(blocks), kKirBlock, args);
+        fn_.launch(unsigned(blocks), kKirBlock, args, shared_);
     }
 
   private:
@@ -50,6 +52,7 @@ class LoadedKernel final : public GpuKernel {
     std::string ptx_;
     cuda::Module module_;
     cuda::Kernel fn_;
+    unsigned shared_; // dynamic shared memory per block (0: static arrays only)
 };
 
 // On the emulated device (cuda::emulated()): the same lowering built for the host, device

@@ -120,6 +120,9 @@ void KirLowering::emit(const Stmt& s) {
     case Stmt::Kind::copy:
         copy16(s);
         return;
+    case Stmt::Kind::await_copies:
+        await_copies(s);
+        return;
     case Stmt::Kind::branch: {
         llvm::Function* fn = b_.GetInsertBlock()->getParent();
         auto& ctx = m_.getContext();

@@ -47,8 +47,10 @@ class KirLowering {
     virtual llvm::Value* here(const kir::Node& n);
     virtual void put(const kir::Stmt& s);
     virtual void row_reduce(const kir::Stmt& s);
-    // copy16: default element by element, in order.
+    // copy16: default element by element, in order (async ones too: they land at once).
     virtual void copy16(const kir::Stmt& s);
+    // await_copies: default nothing (copies have landed).
+    virtual void await_copies(const kir::Stmt&) {}
     llvm::Value* combine(kir::Reduce op, llvm::Value* acc, llvm::Value* x);
     // The open each statement (its row and column lets), for here() and put().
     const kir::Stmt* current_each_ = nullptr;

@@ -51,8 +51,20 @@ class NvptxLowering final : public KirLowering {
         llvm::Value* scratch = fn->getArg(emulated_ ? 3 : unsigned(fn->arg_size() - 1));
         if (emulated_) thread_ = fn->getArg(4);
         // This block's scratch: the arrays at 64-byte aligned offsets, blockIdx.x regions in.
+        // Shared arrays past the static limit: at their offsets in the block's dynamic shared
+        // memory, one extern array (the emulator keeps them apart, to check each).
         llvm::Value* offset = b_.getInt64(0);
-        for (const auto& buf : k_.buffers) {
+        const std::vector<std::int64_t> shared_at = kir::shared_offsets(k_);
+        llvm::GlobalVariable* dynamic = nullptr;
+        if (!emulated_ && kir_dynamic_shared_bytes(k_) > 0) {
+            auto* t = llvm::ArrayType::get(b_.getInt8Ty(), 0);
+            dynamic = new llvm::GlobalVariable(m_, t, false, llvm::GlobalValue::ExternalLinkage,
+                                               nullptr, k_.name + "_dynamic", nullptr,
+                                               llvm::GlobalValue::NotThreadLocal, 3);
+            dynamic->setAlignment(llvm::Align(16));
+        }
+        for (std::size_t at = 0; at < k_.buffers.size(); ++at) {
+            const kir::BufferDecl& buf = k_.buffers[at];
             if (buf.space == kir::Space::global) {
                 buffers.push_back(next_global());
                 scratch_at.push_back(nullptr);
@@ -60,6 +72,12 @@ class NvptxLowering final : public KirLowering {
             }
             if (buf.space == kir::Space::fragment) { // registers (slot())
                 buffers.push_back(nullptr);
+                scratch_at.push_back(nullptr);
+                continue;
+            }
+            if (buf.space == kir::Space::shared && dynamic) {
+                buffers.push_back(
+                    b_.CreateConstGEP1_64(b_.getInt8Ty(), dynamic, std::uint64_t(shared_at[at])));
                 scratch_at.push_back(nullptr);
                 continue;
             }
@@ -310,13 +328,50 @@ class NvptxLowering final : public KirLowering {
         llvm::Type* t = storage_type(e);
         auto* v = llvm::FixedVectorType::get(b_.getInt32Ty(), 4);
         llvm::Value* from_at = b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b)));
+        if (s.async) {
+            llvm::Value* to_at = b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a)));
+            return cp_async(s.id, to_at, from_at);
+        }
         llvm::LoadInst* l = b_.CreateAlignedLoad(v, from_at, llvm::Align(16));
         scoped(l, src);
         llvm::Value* to_at = b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a)));
         scoped(b_.CreateAlignedStore(l, to_at, llvm::Align(16)), s.id);
     }
 
+    // cp.async.commit_group, cp.async.wait_group n, then bar.sync (see Builder::await_copies).
+    void await_copies(const Stmt& s) override {
+        if (emulated_) {
+            auto* ptr = llvm::PointerType::get(m_.getContext(), 0);
+            auto* type = llvm::FunctionType::get(b_.getVoidTy(), {ptr, b_.getInt64Ty()}, false);
+            b_.CreateCall(type, b_.CreateLoad(ptr, emu_field(kEmuCpWait)),
+                          {thread_, b_.getInt64(s.id)});
+        } else {
+            using llvm::Intrinsic::getDeclaration;
+            b_.CreateCall(getDeclaration(&m_, llvm::Intrinsic::nvvm_cp_async_commit_group));
+            b_.CreateCall(getDeclaration(&m_, llvm::Intrinsic::nvvm_cp_async_wait_group),
+                          {b_.getInt32(std::uint32_t(s.id))});
+        }
+        barrier();
+    }
+
   private:
+    // cp.async.cg.shared.global [to], [from], 16 (cached in L2 only: a staged tile is read once
+    // per block), or the EmuThread's cp_async on the same addresses.
+    void cp_async(std::int64_t region, llvm::Value* to, llvm::Value* from) {
+        if (emulated_) {
+            auto* ptr = llvm::PointerType::get(m_.getContext(), 0);
+            auto* type = llvm::FunctionType::get(b_.getVoidTy(),
+                                                 {ptr, b_.getInt64Ty(), ptr, ptr, ptr}, false);
+            b_.CreateCall(type, b_.CreateLoad(ptr, emu_field(kEmuCpAsync)),
+                          {thread_, b_.getInt64(region), buffer(int(region)), to, from});
+            return;
+        }
+        auto* global = llvm::PointerType::get(m_.getContext(), 1);
+        b_.CreateCall(llvm::Intrinsic::getDeclaration(
+                          &m_, llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16),
+                      {to, b_.CreateAddrSpaceCast(from, global)});
+    }
+
     // Slot q of fragment f's registers (an entry-block array made on first use).
     llvm::Value* slot(std::int64_t f, std::int64_t q) {
         llvm::Value*& array = fragments_[f];
@@ -532,6 +587,11 @@ void check_kir_launch(const kir::Kernel& k, std::span<const std::uint64_t> buffe
         if (buffers[i] % 16 != 0)
             fail("internal: kernel ", kernel, " launched with global buffer ", i,
                  " not 16-byte aligned");
+}
+
+std::int64_t kir_dynamic_shared_bytes(const kir::Kernel& k) {
+    const std::int64_t bytes = kir::shared_bytes(k);
+    return bytes > kir::kStaticSharedBytes ? bytes : 0;
 }
 
 std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_t> params) {

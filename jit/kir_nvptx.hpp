@@ -37,6 +37,10 @@ std::string kir_ptx(const kir::Kernel& k, const std::string& arch);
 void check_kir_launch(const kir::Kernel& k, std::span<const std::uint64_t> buffers,
                       std::size_t params, const std::string& where);
 
+// The dynamic shared memory a launch of k asks for: all of its shared arrays when they pass
+// the GPU's static limit (kir::kStaticSharedBytes), else 0 (they are static arrays).
+std::int64_t kir_dynamic_shared_bytes(const kir::Kernel& k);
+
 // Scratch bytes one block needs: every scratch array, 64-byte aligned, as on the CPU.
 std::int64_t kir_scratch_bytes(const kir::Kernel& k, std::span<const std::int64_t> params);
 

@@ -113,8 +113,9 @@ void check_self_contained(const llvm::Module& m) {
         fail("NVPTX: module ", m.getName().str(), " calls the undefined function ",
              f.getName().str());
     }
+    // An extern shared array is the block's dynamic shared memory, which the launch provides.
     for (const llvm::GlobalVariable& g : m.globals())
-        if (g.isDeclaration() && !g.use_empty())
+        if (g.isDeclaration() && !g.use_empty() && g.getAddressSpace() != 3)
             fail("NVPTX: module ", m.getName().str(), " references the undefined global ",
                  g.getName().str());
 }

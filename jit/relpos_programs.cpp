@@ -1,5 +1,7 @@
 #include "jit/relpos_programs.hpp"
 
+#include "runtime/error.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -140,16 +142,17 @@ struct Program {
     // type (staged values are the inputs' own, so nothing is rounded) and padded after every
     // row, so the fragments' ldmatrix rows meet no bank conflict; else f32 scratch.
     int staged(const char* name, std::int64_t rows, std::int64_t width) {
-        if (s.tensor_cores) {
-            const kir::BufferDecl tile{name, elem_of(s.dtype), kir::Space::shared, rows * width,
-                                       width % 8 == 0 ? width : 0};
-            const std::int64_t bytes = (kir::array_bytes(tile, {}) + 63) / 64 * 64;
-            if (shared_bytes + bytes <= kir::kSharedBytes) {
-                shared_bytes += bytes;
-                return b.shared(name, rows * width, tile.elem, tile.row);
-            }
+        if (s.tensor_cores && shared_bytes + staged_bytes(rows, width) <= kir::kSharedBytes) {
+            shared_bytes += staged_bytes(rows, width);
+            return b.shared(name, rows * width, elem_of(s.dtype), width % 8 == 0 ? width : 0);
         }
         return b.scratch(name, Expr(rows * width));
+    }
+    // The shared memory a staged tile takes (its padded rows, rounded to 64 bytes).
+    std::int64_t staged_bytes(std::int64_t rows, std::int64_t width) const {
+        const kir::BufferDecl tile{"", elem_of(s.dtype), kir::Space::shared, rows * width,
+                                   width % 8 == 0 ? width : 0};
+        return (kir::array_bytes(tile, {}) + 63) / 64 * 64;
     }
     std::int64_t shared_bytes = 0;
     // Tensor-core programs whose scores add a bias without a query-side table (T5): each tile
@@ -198,7 +201,10 @@ struct Program {
     // With tensor cores (the GPU) the copy is spread over the tile's elements, so a warp
     // stores 32 consecutive words (no shared-memory bank conflict; by rows it was 32-way) and
     // loads from consecutive addresses of a row; the host keeps its loop by rows.
-    void stage(int dst, int src, Expr first, Expr count, std::int64_t width) {
+    // `into`: where in dst the tile starts (a multiple of its rows, built without lets);
+    // `async`: with cp.async (copy16_async), landing at the program's next await_copies.
+    void stage(int dst, int src, Expr first, Expr count, std::int64_t width,
+               Expr into = Expr(std::int64_t(0)), bool async = false) {
         // A shared tile of the data's type takes 16 bytes a thread (copy16: one vector load
         // and store; indices built without lets, so multiple_of sees they are aligned).
         const std::int64_t n = 16 / kir::elem_bytes(b.decl(src).elem);
@@ -206,10 +212,15 @@ struct Program {
             b.loop(
                 0, count * (width / n),
                 [&](Expr v) {
-                    Expr e = v * n;
-                    b.copy16(dst, e, src, at(first + e / Expr(width), e % Expr(width), width));
+                    Expr e = v * n, from = at(first + e / Expr(width), e % Expr(width), width);
+                    if (async)
+                        b.copy16_async(dst, into + e, src, from);
+                    else
+                        b.copy16(dst, into + e, src, from);
                 },
                 Loop::threads);
+        else if (async)
+            fail("internal: relpos stage: an async copy needs a 16-byte tile in shared memory");
         else if (s.tensor_cores)
             b.loop(
                 0, count * width,
@@ -229,7 +240,7 @@ struct Program {
                 Loop::threads);
         if (s.tensor_cores)
             b.loop(
-                count * width, RelposShape::J * width, [&](Expr x) { b.store(dst, x, 0.0); },
+                count * width, RelposShape::J * width, [&](Expr x) { b.store(dst, into + x, 0.0); },
                 Loop::threads);
     }
 
@@ -726,8 +737,12 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
     p.saved_buffers();
     // Tiles staged row-major (16-byte copies); keys also transposed when they are projected.
-    const int Qs = p.staged("Qs", J, s.D), Ks = p.staged("Ks", J, s.D);
-    const int Vs = p.staged("Vs", J, s.Dv);
+    const int Qs = p.staged("Qs", J, s.D);
+    // Double buffering: K and V of tile t + 1 are copied with cp.async while tile t is
+    // computed, where two of each fit in shared memory beside Q.
+    const std::int64_t two_tiles = 2 * (p.staged_bytes(J, s.D) + p.staged_bytes(J, s.Dv));
+    const std::int64_t copies = p.shared_bytes + two_tiles <= kir::kSharedBytes ? 2 : 1;
+    const int Ks = p.staged("Ks", copies * J, s.D), Vs = p.staged("Vs", copies * J, s.Dv);
     const int KsT = p.projects_k() ? p.staged("KsT", s.D, J) : -1;
     p.take_bias_rows();
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
@@ -753,10 +768,30 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
         p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
     }
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
-    b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-        const auto tile = p.key_tile(t, i0, rows, kend, Ks, KsT, Vs, ZK);
+    Expr tiles = b.let(kir::ceil_div(kend, J), "tiles");
+    // Tile t's K and V in buffer t % 2 (offsets without lets, so ldmatrix sees them aligned).
+    auto k_at = [&](Expr t) { return copies == 2 ? t % 2 * Expr(J * s.D) : Expr(0); };
+    auto v_at = [&](Expr t) { return copies == 2 ? t % 2 * Expr(J * s.Dv) : Expr(0); };
+    auto prefetch = [&](Expr t) {
+        Expr j0 = b.let(t * J, "j0"), cols = b.let(min(Expr(J), kend - j0), "cols");
+        p.stage(Ks, p.k, j0, cols, s.D, k_at(t), true);
+        p.stage(Vs, p.v, j0, cols, s.Dv, v_at(t), true);
+    };
+    if (copies == 2) {
+        prefetch(Expr(std::int64_t(0)));
+        b.await_copies(1); // commits tile 0's group; nothing lands yet
+    }
+    b.loop(0, tiles, [&](Expr t) {
+        if (copies == 2) {
+            // Buffer (t + 1) % 2 was read by tile t - 1's products: stage()'s threads loop
+            // starts with a barrier. An empty group on the last tile keeps the count.
+            b.when(t + 1 < tiles, [&] { prefetch(t + 1); });
+            b.await_copies(1); // tile t has landed, for every thread
+        }
+        const auto tile =
+            p.key_tile(t, i0, rows, kend, copies == 2 ? -1 : Ks, KsT, copies == 2 ? -1 : Vs, ZK);
         b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
-        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, 0, 1, s.D}, J, J, s.D, p.precision());
+        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, k_at(t), 1, s.D}, J, J, s.D, p.precision());
         b.each(S, [&](Expr r, Expr c) {
             Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
             Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
@@ -781,7 +816,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
         });
         b.each(O, [&](Expr, Expr) { b.put(O, b.here(O) * b.here(Lt)); });
         // O += P V: P rounded to the data's type by the mma, as FlashAttention does.
-        b.mma({O, 0, s.Dv, 1}, {S, 0, J, 1}, {Vs, 0, s.Dv, 1}, J, s.Dv, J, p.precision());
+        b.mma({O, 0, s.Dv, 1}, {S, 0, J, 1}, {Vs, v_at(t), s.Dv, 1}, J, s.Dv, J, p.precision());
     });
     b.each(O, [&](Expr r, Expr x) {
         b.when(r < rows, [&] {

@@ -363,6 +363,15 @@ void Kernel::launch3(const unsigned grid[3], const unsigned block[3],
     if (r != CUDA_SUCCESS) fail("CUDA: launching ", name_, " failed: ", error_text(s.api, r));
 }
 
+void Kernel::allow_dynamic_shared(unsigned bytes) const {
+    State& s = ready();
+    CUresult r = s.api.cuFuncSetAttribute(
+        static_cast<CUfunction>(fn_), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes));
+    if (r != CUDA_SUCCESS)
+        fail("CUDA: ", name_, " cannot have ", bytes,
+             " bytes of dynamic shared memory: ", error_text(s.api, r));
+}
+
 double time_ms(const std::function<void()>& f) {
     State& s = ready();
     if (emulated()) { // host time: the emulated kernels run synchronously

@@ -103,6 +103,9 @@ class Kernel {
                 unsigned shared_bytes = 0) const;
     void launch3(const unsigned grid[3], const unsigned block[3], const std::vector<void*>& params,
                  unsigned shared_bytes = 0) const;
+    // Lets launches ask for `bytes` of dynamic shared memory (the driver refuses more than 48 KiB
+    // unless told).
+    void allow_dynamic_shared(unsigned bytes) const;
 
   private:
     friend class Module;

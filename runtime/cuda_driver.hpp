@@ -30,6 +30,7 @@ inline constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 inline constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 inline constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
+inline constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
 // X(member, symbol, return-and-parameter types)
 #define RAG_CUDA_DRIVER_FUNCTIONS(X)                                                               \
@@ -60,6 +61,7 @@ inline constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
       CUresult(CUmodule*, const void*, unsigned, CUjit_option*, void**))                           \
     X(cuModuleUnload, "cuModuleUnload", CUresult(CUmodule))                                        \
     X(cuModuleGetFunction, "cuModuleGetFunction", CUresult(CUfunction*, CUmodule, const char*))    \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute", CUresult(CUfunction, int, int))                    \
     X(cuLaunchKernel, "cuLaunchKernel",                                                            \
       CUresult(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,   \
                CUstream, void**, void**))                                                          \

@@ -4,7 +4,8 @@
 //   rag_gpu_kernels OUTDIR
 //
 // OUTDIR/manifest.tsv: one line per kernel and arch: id, family, map, pass, dtype, arch, entry
-// name, PTX file (relative to OUTDIR). OUTDIR/banks.tsv: one line per warp-wide shared-memory
+// name, PTX file (relative to OUTDIR), dynamic shared memory per block (bytes; ptxas reports
+// only the static). OUTDIR/banks.tsv: one line per warp-wide shared-memory
 // access of each relpos and attention kernel (jit/kir_banks.hpp, the same at both archs): id,
 // array, kind, degree; evaluated at the report's N = 8K with the instance's strip or part the
 // whole sample (the parameters of an unbounded map: Delta = N - 1).
@@ -44,7 +45,8 @@ int main(int argc, char** argv) {
                     if (c == '/') c = '.';
                 std::ofstream(dir / file) << rag::jit::kir_ptx(k, arch);
                 manifest << r.id << '\t' << r.family << '\t' << r.map << '\t' << r.pass << '\t'
-                         << r.dtype << '\t' << arch << '\t' << k.name << '\t' << file << '\n';
+                         << r.dtype << '\t' << arch << '\t' << k.name << '\t' << file << '\t'
+                         << rag::jit::kir_dynamic_shared_bytes(k) << '\n';
             }
             std::cerr << r.id << '\n';
         }

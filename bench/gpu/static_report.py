@@ -91,13 +91,14 @@ def loops(instrs):
 
 def key_loop(instrs):
     """The key-tile loop: the innermost loop holding every HMMA and, in kernels that stage with
-    16-byte loads, one of them (each iteration stages the tile it streams: K and V, or Q and
-    dO in the key pass), when
+    16-byte loads (LDG.128, or cp.async's LDGSTS), one of them (each iteration stages the tile
+    it streams: K and V, or Q and dO in the key pass), when
     that is a loop nested in the grid-stride instance loop (the outermost one); None otherwise
     (no tensor cores). Loops inside it that hold every HMMA without staging are the backward
     passes' halves of a tile pair."""
     hmma = [a for a, op, _ in instrs if op.startswith("HMMA")]
-    staging = [a for a, op, _ in instrs if op.startswith("LDG") and ".128" in op]
+    staging = [a for a, op, _ in instrs
+               if op.startswith("LDGSTS") or (op.startswith("LDG") and ".128" in op)]
     ls = loops(instrs)
     if not hmma or not ls:
         return None
@@ -217,12 +218,13 @@ def main(ptxdir, cuobjdump, commit, out_md, out_jsonl):
         manifest = [line.rstrip("\n").split("\t") for line in f if line.strip()]
 
     def one(line):
-        kid, family, mp, pas, dtype, arch, entry, file = line
+        kid, family, mp, pas, dtype, arch, entry, file, dynamic_smem = line
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
             r = {"id": kid, "family": family, "map": mp, "pass": pas, "dtype": dtype,
                  "arch": arch, "entry": entry, "commit": commit}
             r.update(ptxas(os.path.join(ptxdir, file), arch, cubin))
+            r["smem"] += int(dynamic_smem)  # dynamic shared memory: the launch asks for it
             instrs = sass(cuobjdump, cubin)
         r["sass"] = count(instrs)
         kl = key_loop(instrs)
@@ -333,7 +335,7 @@ def render(rows, commit):
     w("")
     w("## Resources and SASS counts (whole kernel)\n")
     w("Registers per thread, spill stores/loads and stack frame (local memory) in bytes per "
-      "thread, static shared memory per block, blocks per SM and occupancy (resident warps / "
+      "thread, shared memory per block (static, or dynamic past 48 KiB: the TXL and DeBERTa forwards), blocks per SM and occupancy (resident warps / "
       "64) from registers and shared memory at 128 threads per block. SASS columns: static "
       "instruction counts (each instruction once, loops not multiplied). LD/ST are generic "
       "(the per-block scratch arrays in global memory are addressed generically). LDG.128: "
@@ -348,7 +350,9 @@ def render(rows, commit):
     w("")
     w("## Key-tile loop (static counts per iteration)\n")
     w("The key-tile loop is found in the SASS as the innermost loop (backward branch) holding "
-      "every HMMA of the kernel and, where the kernel stages with 16-byte loads, one of them "
+      "every HMMA of the kernel and, where the kernel stages with 16-byte loads (LDG.128, or "
+      "LDGSTS: cp.async, which the forwards of maps without a key projection use to load tile "
+      "t + 1 while tile t is computed), one of them "
       "(each iteration stages the tile it streams), when that is nested inside the grid-stride "
       "instance loop; kernels without tensor cores (f32, GEMM-free passes) have none "
       "identified. Counts are the instructions between the loop's head and its back branch, "
@@ -458,7 +462,7 @@ def gate_lines(rows):
     g.append(("MET" if keyed and len(clean) == len(tc) else "MISSED")
              + ": no global loads or stores in the key loop but the staged K/V/table tiles "
              f"({len(clean)} of {len(tc)} tensor-core kernel/arch pairs have none but the "
-             "16-byte staging loads, LDG.128; relation-table and projection reads, dS stored "
+             "16-byte staging loads, LDG.128 or LDGSTS; relation-table and projection reads, dS stored "
              "by offset and scalar staging count against it).")
     banked = [r for r in tc if r["arch"] == "sm_90" and r.get("banks")]
     gated = ("store",) + FRAGMENT_KINDS["A"] + FRAGMENT_KINDS["B"]

@@ -77,6 +77,8 @@ TEST(CudaDriver, DeclaredAbiMatchesCudaH) {
     static_assert(d::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ==
                   ::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     static_assert(d::CU_STREAM_NON_BLOCKING == ::CU_STREAM_NON_BLOCKING);
+    static_assert(d::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES ==
+                  ::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
     // Parameter lists agree in arity and in the size of every parameter (the handle types
     // are distinct but all pointers).
     auto same_shape = []<class R1, class... A1, class R2, class... A2>(R1 (*)(A1...),

@@ -322,6 +322,88 @@ TEST(GpuEmulator, VectorCopiesMatchTheCpuAndNeedAlignedBuffers) {
     }
 }
 
+// cp.async (copy16_async + await_copies): double-buffered staging, tile t + 1 in flight while
+// tile t is read, gives the CPU's values, and the PTX holds cp.async with its group
+// commit/wait. The emulator holds every copy in flight until a wait lands it: a program that
+// reads a tile before its wait, or ends with copies in flight, is refused.
+TEST(GpuEmulator, AsyncCopiesLandAtTheirWait) {
+    constexpr std::int64_t tiles = 5, tile = 16 * 32; // 5 tiles of 16 x 32 f16 per instance
+    // wait: the groups await_copies leaves in flight in the loop (1 is right: tile t lands);
+    // last: whether the program waits for everything at its end.
+    auto program = [&](std::int64_t wait, bool first_wait) {
+        kir::Builder b("async_copies");
+        const int src = b.buffer("src", kir::Elem::f16), out = b.buffer("out", kir::Elem::f32);
+        const int two = b.shared("two", 2 * tile, kir::Elem::f16, 32);
+        auto prefetch = [&](Expr t) {
+            b.loop(
+                0, tile / 8,
+                [&](Expr v) {
+                    b.copy16_async(two, t % 2 * Expr(tile) + v * 8, src,
+                                   (b.pid() * tiles + t) * tile + v * 8);
+                },
+                kir::Loop::threads);
+        };
+        prefetch(Expr(std::int64_t(0)));
+        if (first_wait) b.await_copies(1);
+        b.loop(0, tiles, [&](Expr t) {
+            b.when(t + 1 < tiles, [&] { prefetch(t + 1); });
+            b.await_copies(wait);
+            b.loop(
+                0, tile,
+                [&](Expr x) {
+                    b.store(out, (b.pid() * tiles + t) * tile + x,
+                            b.load(two, t % 2 * Expr(tile) + x) * 2.0);
+                },
+                kir::Loop::threads);
+        });
+        return b.finish();
+    };
+    std::vector<std::uint16_t> halves(std::size_t(2 * tiles * tile));
+    for (std::size_t x = 0; x < halves.size(); ++x) halves[x] = float_to_half(float(x % 1013));
+    std::vector<float> want(halves.size(), -1.0f), got(halves.size(), -1.0f);
+    std::vector<void*> bufs = {halves.data(), want.data()};
+    const kir::Kernel k = program(1, true);
+    jit::compile_kernel_cpu(k)->launch(2, bufs, {});
+    bufs[1] = got.data();
+    jit::compile_kernel_emulated(k)->launch(2, bufs, {});
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(want[std::size_t(tiles * tile + 3)], 2.0f * float((tiles * tile + 3) % 1013));
+    const std::string ptx = jit::kir_ptx(k, "sm_80");
+    for (const char* op :
+         {"cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group 1"})
+        EXPECT_NE(ptx.find(op), std::string::npos) << op << " in\n" << ptx;
+    // Planted: waiting for all but two groups reads tile t before it lands; without the first
+    // wait, tiles 0 and 1 form one group, which a wait leaving one in flight does not land.
+    for (const auto& [wait, first] : {std::pair<std::int64_t, bool>{2, true}, {1, false}}) {
+        const std::string e = error_of(
+            [&] { jit::compile_kernel_emulated(program(wait, first))->launch(2, bufs, {}); });
+        EXPECT_NE(e.find("while thread"), std::string::npos) << e;
+        EXPECT_NE(e.find("cp.async to it is in flight"), std::string::npos) << e;
+    }
+    // Copies never waited for: refused at the end of the block.
+    kir::Builder b("unawaited");
+    const int src = b.buffer("src", kir::Elem::f16);
+    const int sh = b.shared("sh", tile, kir::Elem::f16, 32);
+    b.loop(
+        0, tile / 8, [&](Expr v) { b.copy16_async(sh, v * 8, src, v * 8); }, kir::Loop::threads);
+    EXPECT_NE(error_of([&] {
+                  jit::compile_kernel_emulated(b.finish())
+                      ->launch(1, std::vector<void*>{halves.data()}, {});
+              }).find("ended with copies in flight"),
+              std::string::npos);
+    // Only global to shared.
+    kir::Builder bad("bad");
+    const int g = bad.buffer("g", kir::Elem::f16), g2 = bad.buffer("g2", kir::Elem::f16);
+    bad.loop(
+        0, 8,
+        [&](Expr v) {
+            EXPECT_NE(
+                error_of([&] { bad.copy16_async(g2, v * 8, g, v * 8); }).find("global to shared"),
+                std::string::npos);
+        },
+        kir::Loop::threads);
+}
+
 // The segment programs on the emulated device against their CPU lowering: bit for bit (each
 // line is reduced in index order by one thread on both).
 TEST(GpuEmulator, SegmentProgramsMatchTheCpuBitForBit) {

@@ -201,7 +201,11 @@ TEST(KernelIr, BuilderRejectsMisusedMmaAndSharedArrays) {
                      0, 4, [&](Expr) { mma(s, t); }, kir::Loop::threads),
                  Error);
     EXPECT_NO_THROW(mma(s, t));
-    EXPECT_THROW(b.shared("huge", 12 * 1024), Error);      // past 48 KiB with t and u
+    EXPECT_THROW(b.shared("huge", 24 * 1024), Error); // past 96 KiB with t and u
+    EXPECT_THROW(b.loop(
+                     0, 4, [&](Expr) { b.await_copies(0); }, kir::Loop::threads),
+                 Error); // a wait is the whole block's
+    EXPECT_THROW(b.await_copies(8), Error);
     EXPECT_THROW(b.buffer("late", kir::Elem::f32), Error); // globals come first
 }
 
