@@ -362,6 +362,7 @@ struct Program {
     struct HalfProduct {
         int x, a, y;
         std::int64_t width;
+        Expr y_at = Expr(std::int64_t(0)); // where y's tile starts (its buffer, streamed())
     };
     // For each half, at column c0 of the tile: zeroes and forms both products, then body(c0).
     void halves(HalfProduct first, HalfProduct second, const std::function<void(Expr)>& body) {
@@ -372,11 +373,59 @@ struct Program {
                 b.put(second.x, 0.0);
             });
             for (const HalfProduct& m : {first, second})
-                b.mma({m.x, 0, Jh, 1}, {m.a, 0, m.width, 1}, {m.y, c0 * m.width, 1, m.width},
-                      RelposShape::J, Jh, m.width, precision());
+                b.mma({m.x, 0, Jh, 1}, {m.a, 0, m.width, 1},
+                      {m.y, m.y_at + c0 * m.width, 1, m.width}, RelposShape::J, Jh, m.width,
+                      precision());
             body(c0);
         });
     }
+    // Double buffering of the tiles a pass streams (the forward's K and V), where asked and two
+    // of each fit in shared memory with what is staged already: tile t + 1 is copied with
+    // cp.async into buffer (t + 1) % 2 while tile t is computed. The backward passes do not
+    // ask: the buffer offset as a value (t % 2) cost them 20-50 B more spills a thread (Shaw,
+    // T5 query pass), and the loop unrolled over the two buffers (constant offsets) 200-500 B,
+    // LLVM interleaving the copies (bench/results/gpu_static.md; design.md).
+    struct Streamed {
+        int a, b;            // the two staged arrays ([copies * J][width] each)
+        std::int64_t wa, wb; // their widths
+        std::int64_t copies; // 2: double-buffered; 1: staged by the caller, tile by tile
+        // Where tile t starts in an array of this width (built without lets, so multiple_of
+        // sees ldmatrix's rows aligned).
+        Expr at(Expr t, std::int64_t width) const {
+            return copies == 2 ? t % 2 * Expr(RelposShape::J * width) : Expr(std::int64_t(0));
+        }
+    };
+    Streamed streamed(const char* a, std::int64_t wa, const char* bn, std::int64_t wb,
+                      bool double_buffer) {
+        const auto J = RelposShape::J;
+        const bool fits =
+            shared_bytes + 2 * (staged_bytes(J, wa) + staged_bytes(J, wb)) <= kir::kSharedBytes;
+        const std::int64_t copies = double_buffer && fits ? 2 : 1;
+        const int ia = staged(a, copies * J, wa), ib = staged(bn, copies * J, wb);
+        return {ia, ib, wa, wb, copies};
+    }
+    // For t < tiles: body(t) once tile t (rows [first + t J, ..) of src_a and src_b, at most up
+    // to `end`) has landed in x's buffer t % 2; without double buffering, body stages it.
+    void stream(const Streamed& x, int src_a, int src_b, Expr first, Expr end, Expr tiles,
+                const std::function<void(Expr)>& body) {
+        if (x.copies == 1) return b.loop(0, tiles, body);
+        auto prefetch = [&](Expr t) {
+            Expr from = b.let(first + t * RelposShape::J, "from");
+            Expr count = b.let(min(Expr(RelposShape::J), end - from), "count");
+            stage(x.a, src_a, from, count, x.wa, x.at(t, x.wa), true);
+            stage(x.b, src_b, from, count, x.wb, x.at(t, x.wb), true);
+        };
+        prefetch(Expr(std::int64_t(0)));
+        b.await_copies(1); // commits tile 0's group; nothing lands yet
+        b.loop(0, tiles, [&](Expr t) {
+            // Buffer (t + 1) % 2 was read by tile t - 1's products: stage()'s threads loop
+            // starts with a barrier. An empty group on the last tile keeps the count.
+            b.when(t + 1 < tiles, [&] { prefetch(t + 1); });
+            b.await_copies(1); // tile t has landed, for every thread
+            body(t);
+        });
+    }
+
     bool tensor_core_products(std::int64_t width) const {
         return s.tensor_cores && width % 16 == 0;
     }
@@ -495,8 +544,8 @@ struct Program {
                          int delta) {
         Expr i0 = b.let(start, "i0");
         Expr rows = b.let(min(Expr(RelposShape::J), n - i0), "rows");
-        stage(t.Qt, q, i0, rows, s.D);
-        stage(t.dOt, dO, i0, rows, s.Dv);
+        if (t.Qt >= 0) stage(t.Qt, q, i0, rows, s.D);
+        if (t.dOt >= 0) stage(t.dOt, dO, i0, rows, s.Dv);
         if (projects_q()) stage_t(t.QtT, q, i0, rows, s.D);
         b.loop(
             0, rows,
@@ -738,11 +787,8 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     p.saved_buffers();
     // Tiles staged row-major (16-byte copies); keys also transposed when they are projected.
     const int Qs = p.staged("Qs", J, s.D);
-    // Double buffering: K and V of tile t + 1 are copied with cp.async while tile t is
-    // computed, where two of each fit in shared memory beside Q.
-    const std::int64_t two_tiles = 2 * (p.staged_bytes(J, s.D) + p.staged_bytes(J, s.Dv));
-    const std::int64_t copies = p.shared_bytes + two_tiles <= kir::kSharedBytes ? 2 : 1;
-    const int Ks = p.staged("Ks", copies * J, s.D), Vs = p.staged("Vs", copies * J, s.Dv);
+    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, true); // K and V, double-buffered
+    const int Ks = kv.a, Vs = kv.b;
     const int KsT = p.projects_k() ? p.staged("KsT", s.D, J) : -1;
     p.take_bias_rows();
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
@@ -768,30 +814,11 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
         p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
     }
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
-    Expr tiles = b.let(kir::ceil_div(kend, J), "tiles");
-    // Tile t's K and V in buffer t % 2 (offsets without lets, so ldmatrix sees them aligned).
-    auto k_at = [&](Expr t) { return copies == 2 ? t % 2 * Expr(J * s.D) : Expr(0); };
-    auto v_at = [&](Expr t) { return copies == 2 ? t % 2 * Expr(J * s.Dv) : Expr(0); };
-    auto prefetch = [&](Expr t) {
-        Expr j0 = b.let(t * J, "j0"), cols = b.let(min(Expr(J), kend - j0), "cols");
-        p.stage(Ks, p.k, j0, cols, s.D, k_at(t), true);
-        p.stage(Vs, p.v, j0, cols, s.Dv, v_at(t), true);
-    };
-    if (copies == 2) {
-        prefetch(Expr(std::int64_t(0)));
-        b.await_copies(1); // commits tile 0's group; nothing lands yet
-    }
-    b.loop(0, tiles, [&](Expr t) {
-        if (copies == 2) {
-            // Buffer (t + 1) % 2 was read by tile t - 1's products: stage()'s threads loop
-            // starts with a barrier. An empty group on the last tile keeps the count.
-            b.when(t + 1 < tiles, [&] { prefetch(t + 1); });
-            b.await_copies(1); // tile t has landed, for every thread
-        }
-        const auto tile =
-            p.key_tile(t, i0, rows, kend, copies == 2 ? -1 : Ks, KsT, copies == 2 ? -1 : Vs, ZK);
+    p.stream(kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J), [&](Expr t) {
+        const bool two = kv.copies == 2;
+        const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, KsT, two ? -1 : Vs, ZK);
         b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
-        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, k_at(t), 1, s.D}, J, J, s.D, p.precision());
+        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, kv.at(t, s.D), 1, s.D}, J, J, s.D, p.precision());
         b.each(S, [&](Expr r, Expr c) {
             Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
             Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
@@ -816,7 +843,8 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
         });
         b.each(O, [&](Expr, Expr) { b.put(O, b.here(O) * b.here(Lt)); });
         // O += P V: P rounded to the data's type by the mma, as FlashAttention does.
-        b.mma({O, 0, s.Dv, 1}, {S, 0, J, 1}, {Vs, v_at(t), s.Dv, 1}, J, s.Dv, J, p.precision());
+        b.mma({O, 0, s.Dv, 1}, {S, 0, J, 1}, {Vs, kv.at(t, s.Dv), s.Dv, 1}, J, s.Dv, J,
+              p.precision());
     });
     b.each(O, [&](Expr r, Expr x) {
         b.when(r < rows, [&] {
@@ -1036,7 +1064,8 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
     const bool by_row = s.aq || s.bias; // whether dZQ is needed
     const auto [dO, out, lse, dq, delta, zq_part, zb_part, range] = p.query_grad_globals();
     const int Qs = p.staged("Qs", J, s.D), dOs = p.staged("dOs", J, s.Dv);
-    const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
+    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, false);
+    const int Ks = kv.a, Vs = kv.b;
     p.take_bias_rows();
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
@@ -1076,29 +1105,34 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
         b.each(dQ, [&](Expr, Expr) { b.put(dQ, 0.0); });
         if (p.projects_q()) p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
-        b.loop(0, kir::ceil_div(kend, J), [&](Expr t) {
-            const auto tile = p.key_tile(t, i0, rows, kend, Ks, p.projects_k() ? KsT : -1, Vs, ZK);
+        p.stream(kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J), [&](Expr t) {
+            const bool two = kv.copies == 2;
+            const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks,
+                                         p.projects_k() ? KsT : -1, two ? -1 : Vs, ZK);
             // The tile's keys in halves (as the key pass does its queries): S and dP of a half
             // are 16 registers a thread each beside dQ's 32.
-            p.halves({S, Qs, Ks, s.D}, {dP, dOs, Vs, s.Dv}, [&](Expr c0) {
-                b.each(S, [&](Expr r, Expr ch) { // r: a query of the strip, c: a key of the tile
-                    Expr c = b.let(c0 + ch, "c");
-                    Expr ra = b.let(min(r, rows - 1), "ra"),
-                         ca = b.let(min(c, tile.cols - 1), "ca");
-                    Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
-                    Expr u = b.let(p.pair_row(i - j), "u");
-                    Expr sc =
-                        p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
-                    Expr pr = b.let(
-                        select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)), "p");
-                    b.put(S, pr * (b.here(dP) - b.here(Dv)) * s.scale);
-                    if (by_row) b.store(dSx, r * J + c, b.here(S));
-                });
-                // dQ += dS K over the half's keys: dS rounded to the data's type by the mma, as
-                // FlashAttention does.
-                b.mma({dQ, 0, s.D, 1}, {S, 0, Jh, 1}, {Ks, c0 * s.D, s.D, 1}, J, s.D, Jh,
-                      p.precision());
-            });
+            p.halves({S, Qs, Ks, s.D, kv.at(t, s.D)}, {dP, dOs, Vs, s.Dv, kv.at(t, s.Dv)},
+                     [&](Expr c0) {
+                         b.each(S, [&](Expr r,
+                                       Expr ch) { // r: a query of the strip, c: a key of the tile
+                             Expr c = b.let(c0 + ch, "c");
+                             Expr ra = b.let(min(r, rows - 1), "ra"),
+                                  ca = b.let(min(c, tile.cols - 1), "ca");
+                             Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
+                             Expr u = b.let(p.pair_row(i - j), "u");
+                             Expr sc = p.masked(
+                                 p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
+                             Expr pr = b.let(
+                                 select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)),
+                                 "p");
+                             b.put(S, pr * (b.here(dP) - b.here(Dv)) * s.scale);
+                             if (by_row) b.store(dSx, r * J + c, b.here(S));
+                         });
+                         // dQ += dS K over the half's keys: dS rounded to the data's type by the
+                         // mma, as FlashAttention does.
+                         b.mma({dQ, 0, s.D, 1}, {S, 0, Jh, 1},
+                               {Ks, kv.at(t, s.D) + c0 * s.D, s.D, 1}, J, s.D, Jh, p.precision());
+                     });
             if (by_row)
                 b.loop(
                     0, rows,
@@ -1198,7 +1232,8 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const auto J = RelposShape::J;
     const auto [dO, lse, delta, dk, dv, zk_part, range] = p.key_grad_globals();
     const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
-    const int Qt = p.staged("Qt", J, s.D), dOt = p.staged("dOt", J, s.Dv);
+    const auto qd = p.streamed("Qt", s.D, "dOt", s.Dv, false);
+    const int Qt = qd.a, dOt = qd.b;
     const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int QtT = b.scratch("QtT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.W) * J));
@@ -1229,31 +1264,36 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
         b.each(dV, [&](Expr, Expr) { b.put(dV, 0.0); });
         if (p.projects_k()) p.project(ZK, KsT, p.ek, klo, wk, false);
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
-        b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
+        p.stream(qd, p.q, dO, first, n, kir::ceil_div(n - first, J), [&](Expr t) {
+            const bool two = qd.copies == 2;
             const auto [i0, rows, qlo, dmin, dmax] =
-                p.query_tile(first + t * J, j0, cols, {Qt, dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
+                p.query_tile(first + t * J, j0, cols,
+                             {two ? -1 : Qt, two ? -1 : dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
             // The tile's queries in halves: P^T and dS^T of a half are 16 registers a thread
             // each rather than 32, beside dK and dV's 64 (a whole tile spilled).
-            p.halves({P, Ks, Qt, s.D}, {dS, Vs, dOt, s.Dv}, [&](Expr c0) {
-                b.each(P, [&](Expr r, Expr ch) { // r: a key of the strip, c: a query of the tile
-                    Expr c = b.let(c0 + ch, "c");
-                    Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
-                    Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
-                    Expr u = b.let(p.pair_row(i - j), "u");
-                    Expr sc = p.masked(p.score(b.here(P), ca, ra, u, ZQ, qlo, ZK, klo, i, j), i, j);
-                    Expr pr = b.let(
-                        select(r < cols && c < rows, exp(sc - b.load(Lt, ca)), Expr(0.0)), "p");
-                    b.put(P, pr);
-                    b.put(dS, pr * (b.here(dS) - b.load(Dt, ca)) * s.scale);
-                    if (s.ak) b.store(dSx, r * J + c, b.here(dS));
+            p.halves(
+                {P, Ks, Qt, s.D, qd.at(t, s.D)}, {dS, Vs, dOt, s.Dv, qd.at(t, s.Dv)}, [&](Expr c0) {
+                    b.each(P, [&](Expr r,
+                                  Expr ch) { // r: a key of the strip, c: a query of the tile
+                        Expr c = b.let(c0 + ch, "c");
+                        Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
+                        Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
+                        Expr u = b.let(p.pair_row(i - j), "u");
+                        Expr sc =
+                            p.masked(p.score(b.here(P), ca, ra, u, ZQ, qlo, ZK, klo, i, j), i, j);
+                        Expr pr = b.let(
+                            select(r < cols && c < rows, exp(sc - b.load(Lt, ca)), Expr(0.0)), "p");
+                        b.put(P, pr);
+                        b.put(dS, pr * (b.here(dS) - b.load(Dt, ca)) * s.scale);
+                        if (s.ak) b.store(dSx, r * J + c, b.here(dS));
+                    });
+                    // dV += P^T dO and dK += dS^T Q over the half's queries, P and dS rounded to
+                    // the data's type by the mma.
+                    b.mma({dV, 0, s.Dv, 1}, {P, 0, Jh, 1},
+                          {dOt, qd.at(t, s.Dv) + c0 * s.Dv, s.Dv, 1}, J, s.Dv, Jh, p.precision());
+                    b.mma({dK, 0, s.D, 1}, {dS, 0, Jh, 1}, {Qt, qd.at(t, s.D) + c0 * s.D, s.D, 1},
+                          J, s.D, Jh, p.precision());
                 });
-                // dV += P^T dO and dK += dS^T Q over the half's queries, P and dS rounded to
-                // the data's type by the mma.
-                b.mma({dV, 0, s.Dv, 1}, {P, 0, Jh, 1}, {dOt, c0 * s.Dv, s.Dv, 1}, J, s.Dv, Jh,
-                      p.precision());
-                b.mma({dK, 0, s.D, 1}, {dS, 0, Jh, 1}, {Qt, c0 * s.D, s.D, 1}, J, s.D, Jh,
-                      p.precision());
-            });
             if (s.ak)
                 b.loop(
                     0, cols,

@@ -335,7 +335,7 @@ def render(rows, commit):
     w("")
     w("## Resources and SASS counts (whole kernel)\n")
     w("Registers per thread, spill stores/loads and stack frame (local memory) in bytes per "
-      "thread, shared memory per block (static, or dynamic past 48 KiB: the TXL and DeBERTa forwards), blocks per SM and occupancy (resident warps / "
+      "thread, shared memory per block (static, or dynamic past 48 KiB), blocks per SM and occupancy (resident warps / "
       "64) from registers and shared memory at 128 threads per block. SASS columns: static "
       "instruction counts (each instruction once, loops not multiplied). LD/ST are generic "
       "(the per-block scratch arrays in global memory are addressed generically). LDG.128: "
@@ -351,8 +351,8 @@ def render(rows, commit):
     w("## Key-tile loop (static counts per iteration)\n")
     w("The key-tile loop is found in the SASS as the innermost loop (backward branch) holding "
       "every HMMA of the kernel and, where the kernel stages with 16-byte loads (LDG.128, or "
-      "LDGSTS: cp.async, which the forwards of maps without a key projection use to load tile "
-      "t + 1 while tile t is computed), one of them "
+      "LDGSTS: cp.async, with which the tensor-core passes load tile t + 1 while tile t is "
+      "computed), one of them "
       "(each iteration stages the tile it streams), when that is nested inside the grid-stride "
       "instance loop; kernels without tensor cores (f32, GEMM-free passes) have none "
       "identified. Counts are the instructions between the loop's head and its back branch, "
