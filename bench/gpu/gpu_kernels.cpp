@@ -5,10 +5,11 @@
 //
 // OUTDIR/manifest.tsv: one line per kernel and arch: id, family, map, pass, dtype, arch, entry
 // name, PTX file (relative to OUTDIR), dynamic shared memory per block (bytes; ptxas reports
-// only the static). OUTDIR/banks.tsv: one line per warp-wide shared-memory
-// access of each relpos and attention kernel (jit/kir_banks.hpp, the same at both archs): id,
-// array, kind, degree; evaluated at the report's N = 8K with the instance's strip or part the
-// whole sample (the parameters of an unbounded map: Delta = N - 1).
+// only the static), scratch bytes per block at N = 8K (relpos and attention; else 0), which
+// caps the blocks a launch uses (jit/kir_gpu.hpp's kir_gpu_blocks). OUTDIR/banks.tsv: one line per
+// warp-wide shared-memory access of each relpos and attention kernel (jit/kir_banks.hpp, the same
+// at both archs): id, array, kind, degree; evaluated at the report's N = 8K with the instance's
+// strip or part the whole sample (the parameters of an unbounded map: Delta = N - 1).
 #include "jit/kir_banks.hpp"
 #include "jit/kir_nvptx.hpp"
 #include "tests/gpu/report_kernels.hpp"
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
             if (r.family == "relpos" || r.family == "attention")
                 for (const auto& a : rag::jit::kir_bank_conflicts(k, params, tiles))
                     banks << r.id << '\t' << a.array << '\t' << a.kind << '\t' << a.degree << '\n';
+            const bool relpos = r.family == "relpos" || r.family == "attention";
+            const std::int64_t scratch = relpos ? rag::jit::kir_scratch_bytes(k, params) : 0;
             for (const char* arch : {"sm_80", "sm_90"}) {
                 std::string file = r.id + "." + arch + ".ptx";
                 for (char& c : file)
@@ -46,7 +49,7 @@ int main(int argc, char** argv) {
                 std::ofstream(dir / file) << rag::jit::kir_ptx(k, arch);
                 manifest << r.id << '\t' << r.family << '\t' << r.map << '\t' << r.pass << '\t'
                          << r.dtype << '\t' << arch << '\t' << k.name << '\t' << file << '\t'
-                         << rag::jit::kir_dynamic_shared_bytes(k) << '\n';
+                         << rag::jit::kir_dynamic_shared_bytes(k) << '\t' << scratch << '\n';
             }
             std::cerr << r.id << '\n';
         }

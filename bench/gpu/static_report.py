@@ -37,6 +37,7 @@ N, B, H, D, J = 8192, 2, 12, 64, 64  # J: the kernels' key tile and strip
 # H200 SXM: 132 SMs at 1.98 GHz; dense fp16 tensor peak 989 TFLOP/s, HBM 4.8 TB/s; per SM 64K
 # registers, 2048 threads, 32 blocks, 228 KiB shared (1 KiB reserved per block).
 SMS, CLOCK, TENSOR_PEAK, HBM = 132, 1.98e9, 989e12, 4.8e12
+SCRATCH_BUDGET = 256 * 2 ** 20  # jit/kir_gpu.hpp's kScratchBudget: one launch's scratch in all
 SM = {"regs": 65536, "threads": 2048, "blocks": 32, "smem": 228 * 1024,
       "sm_80_smem": 164 * 1024}
 BLOCK = 128  # threads per block (jit/kir_nvptx.hpp kKirBlock)
@@ -177,7 +178,7 @@ def occupancy(r, arch):
 def backward_parts(mp):
     """The parts (runs of whole strips) jit/relpos_setup.cpp's relpos_split_backward gives each
     backward pass on a device at N = 8K: halved while parts x H < 1024 and the table partials
-    stay within max(whole samples', 256 MiB); every map with tables taken as unbounded (U = 2N -
+    stay within max(whole samples', 1 GiB); every map with tables taken as unbounded (U = 2N -
     1 rows, the paper's accounting), which makes its partials widest."""
     U, width = 2 * N - 1, PARTIAL_WIDTH[mp]
     def of(strips):  # parts and their bytes
@@ -185,7 +186,7 @@ def backward_parts(mp):
         parts = B * -(-N // rows)
         return parts, 4 * parts * H * min(rows + N - 1, U) * width
     strips = N // J
-    budget = max(of(strips)[1], 256 * 2 ** 20)
+    budget = max(of(strips)[1], 1024 * 2 ** 20)
     while strips > 1 and of(strips)[0] * H < 1024 and of(-(-strips // 2))[1] <= budget:
         strips = -(-strips // 2)
     return of(strips)[0]
@@ -198,7 +199,10 @@ def relpos_model(row, key_loop, blocks_per_sm):
     grid = B * tiles * H if row["pass"] == "forward" else backward_parts(row["map"]) * H
     iterations = B * H * tiles * tiles  # (strip, key tile) pairs, every pass
     warps = BLOCK // 32
-    resident = min(grid, SMS * blocks_per_sm)
+    # The blocks a launch uses (jit/kir_gpu.cpp's kir_gpu_blocks): at most 8 per SM and no more
+    # scratch than SCRATCH_BUDGET in all; they loop over the grid's instances.
+    launched = min(grid, 8 * SMS, SCRATCH_BUDGET // max(row["scratch"], 1))
+    resident = min(launched, SMS * blocks_per_sm)
     sms = min(SMS, resident)
     issue_rate = sms * min(4, warps * max(1, resident // sms)) * CLOCK  # warp-instr / s
     dynamic = key_loop["per_iteration"]
@@ -209,7 +213,7 @@ def relpos_model(row, key_loop, blocks_per_sm):
     lsu = sum(dynamic[k] for k in MEMORY)
     t_lsu = iterations * warps * lsu / (sms * CLOCK)
     flops = 4 * B * H * N * N * D + 2 * B * H * N * (2 * N - 1) * D * PROJECTIONS[row["map"]]
-    return {"grid": grid, "sms": sms, "t_issue": max(t_issue, t_lsu), "t_tensor": t_tensor,
+    return {"grid": grid, "launched": launched, "sms": sms, "t_issue": max(t_issue, t_lsu), "t_tensor": t_tensor,
             "paper_flops": flops, "per_warp": per_warp, "trips": key_loop["mma_trips"]}
 
 
@@ -218,13 +222,14 @@ def main(ptxdir, cuobjdump, commit, out_md, out_jsonl):
         manifest = [line.rstrip("\n").split("\t") for line in f if line.strip()]
 
     def one(line):
-        kid, family, mp, pas, dtype, arch, entry, file, dynamic_smem = line
+        kid, family, mp, pas, dtype, arch, entry, file, dynamic_smem, scratch = line
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
             r = {"id": kid, "family": family, "map": mp, "pass": pas, "dtype": dtype,
                  "arch": arch, "entry": entry, "commit": commit}
             r.update(ptxas(os.path.join(ptxdir, file), arch, cubin))
             r["smem"] += int(dynamic_smem)  # dynamic shared memory: the launch asks for it
+            r["scratch"] = int(scratch)  # per block at N = 8K
             instrs = sass(cuobjdump, cubin)
         r["sass"] = count(instrs)
         kl = key_loop(instrs)
@@ -398,8 +403,11 @@ def model_section(rows):
       f"strip J = {J}, so every pass runs B H (N/J)^2 = {B * H * (N // J) ** 2} (strip, key "
       "tile) iterations; the forward launches B (N/J) H blocks, each backward pass parts x H "
       "blocks (jit/relpos_setup.cpp's relpos_split_backward: runs of whole strips, halved "
-      "while there are fewer than 1024 blocks and the table partials stay within 256 MiB, "
-      "every map with tables taken as unbounded, U = 2N - 1 rows).")
+      "while there are fewer than 1024 blocks and the table partials stay within 1 GiB, "
+      "every map with tables taken as unbounded, U = 2N - 1 rows). A launch runs at most 8 "
+      "blocks per SM and no more blocks than 256 MiB of their scratch arrays allow "
+      "(jit/kir_gpu.cpp: each block loops over the grid's instances); the table shows the grid "
+      "and, in parentheses, the blocks launched.")
     w(f"- H200: {SMS} SMs at {CLOCK / 1e9:.2f} GHz, dense fp16 tensor peak "
       f"{TENSOR_PEAK / 1e12:.0f} TFLOP/s, 128 threads (4 warps) per block; blocks per SM from "
       "ptxas's registers and shared memory; an SM issues at most one warp instruction per "
@@ -421,7 +429,8 @@ def model_section(rows):
     w("")
     model = model_rows(rows)
     w("| map | fwd bound TFLOP/s | paper fwd | % | bwd bound TFLOP/s | paper bwd | % | fwd "
-      "blocks / SMs | bwd blocks / SMs | warp instr. per iteration fwd / dQ / dK |")
+      "grid (launched) / SMs | bwd grid (launched dQ, dK) / SMs | warp instr. per iteration "
+      "fwd / dQ / dK |")
     w("|---|---|---|---|---|---|---|---|---|---|")
     for mp in ["Shaw", "TXL", "DeBERTa", "T5", "attention"]:
         f, q, k = (model.get((mp, p)) for p in ("forward", "query_grad", "key_grad"))
@@ -434,7 +443,8 @@ def model_section(rows):
         pf, pb = PAPER.get(mp, (None, None))
         pct = (lambda a, p: f"{100 * a / p:.1f}%" if p else "-")
         w(f"| {mp} | {fw:.1f} | {pf or '-'} | {pct(fw, pf)} | {bw:.1f} | {pb or '-'} | "
-          f"{pct(bw, pb)} | {f['grid']} / {f['sms']} | {q['grid']} / {q['sms']} | "
+          f"{pct(bw, pb)} | {f['grid']} ({f['launched']}) / {f['sms']} | {q['grid']} "
+          f"({q['launched']}, {k['launched']}) / {min(q['sms'], k['sms'])} | "
           f"{f['per_warp']:.0f} / {q['per_warp']:.0f} / {k['per_warp']:.0f} |")
     return "\n".join(o) + "\n"
 
