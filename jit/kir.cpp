@@ -368,6 +368,13 @@ void Builder::copy16_async(int dst, Expr di, int src, Expr si) {
     block().back().async = true;
 }
 
+void Builder::copy4_async(int dst, Expr di, int src, Expr si) {
+    if (elem_bytes(decl(dst).elem) != 4)
+        fail("kernel IR ", k_.name, ": copy4_async of ", decl(dst).name, " (4-byte elements only)");
+    copy16_async(dst, di, src, si);
+    block().back().bytes = 4;
+}
+
 void Builder::await_copies(std::int64_t in_flight) {
     if (threads_depth_ > 0 || each_ >= 0)
         fail("kernel IR ", k_.name, ": await_copies inside a threads loop or an each");
@@ -639,7 +646,7 @@ void print_block(std::ostream& os, const Kernel& k, const std::vector<Stmt>& bod
             print_expr(os, k, s.a);
             os << " ..] = " << k.buffers[std::size_t(s.c.node().i)].name << "[";
             print_expr(os, k, s.b);
-            os << " ..] (16 bytes" << (s.async ? ", async" : "") << ")\n";
+            os << " ..] (" << s.bytes << " bytes" << (s.async ? ", async" : "") << ")\n";
             continue;
         case Stmt::Kind::await_copies:
             os << "await_copies, " << s.id << " group(s) left in flight\n";

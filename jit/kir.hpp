@@ -171,6 +171,7 @@ struct Stmt {
     std::shared_ptr<const Mma> mma; // kind mma
     Reduce reduce = Reduce::sum;    // kind reduce
     bool async = false;             // kind copy: issued now, complete at an await_copies
+    std::int64_t bytes = 16;        // kind copy: 16, or 4 (copy4_async: one f32)
 };
 
 struct BufferDecl {
@@ -265,6 +266,9 @@ class Builder {
     // copy lands at an await_copies, and until then no thread may touch its destination. The
     // CPU copies at once. An unaligned copy (see copy16) is made at once on the GPU too.
     void copy16_async(int dst, Expr di, int src, Expr si);
+    // The same for one 4-byte element (an f32: small rows such as lse, D or bias rows, which
+    // are not 16-byte aligned), from a global buffer into a shared array.
+    void copy4_async(int dst, Expr di, int src, Expr si);
     // The async copies this thread issued since the last await_copies form one group; waits
     // until at most `in_flight` groups are still in flight, then for the whole block (a
     // barrier), so every landed copy is visible to every thread. A statement of the whole

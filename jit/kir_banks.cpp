@@ -241,6 +241,11 @@ class Analysis {
             case Stmt::Kind::copy: // 16 bytes per lane, as the lowering vectorises it
                 scan(s.a, spread, seen);
                 scan(s.b, spread, seen);
+                if (s.bytes == 4) { // one word, from global memory
+                    if (spread && shared(int(s.id)))
+                        record(int(s.id), "store", [&] { return word(int(s.id), eval(s.a)); });
+                    break;
+                }
                 if (spread && shared(int(s.id)))
                     record_vector(int(s.id), "store", 4, [&] { return eval(s.a); });
                 if (spread && shared(int(s.c.node().i)))

@@ -54,7 +54,8 @@ void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::in
 void on_ldmatrix(EmuThread* t, std::int64_t region, char* base, char* at, std::int64_t shape,
                  std::uint32_t* out);
 float on_shfl(EmuThread* t, float v, std::int64_t mask);
-void on_cp_async(EmuThread* t, std::int64_t region, char* base, char* at, const char* from);
+void on_cp_async(EmuThread* t, std::int64_t region, char* base, char* at, const char* from,
+                 std::int64_t bytes);
 void on_cp_wait(EmuThread* t, std::int64_t in_flight);
 
 // The arrays a launch checks accesses against (see kir_emulator.hpp): each shared array, and
@@ -159,10 +160,10 @@ class Shadow {
         return at;
     }
 
-    // Marks the 16 bytes at `at` of shared array `region` as the destination of thread tid's
+    // Marks the `bytes` at `at` of shared array `region` as the destination of thread tid's
     // cp.async in flight (tid >= 0), or as landed (tid < 0). The bytes are in bounds.
-    void in_flight(std::int64_t region, char* base, char* at, int tid) {
-        for (std::int64_t w = (at - base) / kUnit; w < (at - base + 16) / kUnit; ++w)
+    void in_flight(std::int64_t region, char* base, char* at, std::int64_t bytes, int tid) {
+        for (std::int64_t w = (at - base) / kUnit; w < (at - base + bytes) / kUnit; ++w)
             in_flight_[region][std::size_t(w)] = tid;
     }
 
@@ -239,6 +240,7 @@ class Block {
         std::int64_t region;
         char *base, *at;
         const char* from;
+        std::int64_t bytes;
     };
     struct Copies {
         std::vector<Copy> issued;
@@ -308,18 +310,20 @@ void* on_access(EmuThread* t, std::int64_t region, char* base, char* at, std::in
 // cp.async: the copy is checked and recorded as this thread's write now (it may land any time
 // before its wait), and its bytes are in flight until a cp.async.wait_group lands it: any access
 // to them before then, by any thread, is an error.
-void on_cp_async(EmuThread* t, std::int64_t region, char* base, char* at, const char* from) {
+void on_cp_async(EmuThread* t, std::int64_t region, char* base, char* at, const char* from,
+                 std::int64_t bytes) {
     Block& b = *static_cast<Block*>(t->block);
-    if ((at - base) % 16 != 0 || std::uintptr_t(from) % 16 != 0) {
+    if ((at - base) % bytes != 0 || std::uintptr_t(from) % std::uintptr_t(bytes) != 0) {
         std::ostringstream e;
-        e << "cp.async (emulated GPU): thread " << t->tid << " of block " << t->ctaid
-          << " copies 16 bytes to byte " << at - base << " of a shared array, not 16-byte aligned";
+        e << "cp.async (emulated GPU): thread " << t->tid << " of block " << t->ctaid << " copies "
+          << bytes << " bytes to byte " << at - base << " of a shared array, not " << bytes
+          << "-byte aligned";
         b.shadow.report(e.str());
         return;
     }
-    if (b.shadow.access(int(t->tid), region, base, at, 16, true) != at) return; // out of bounds
-    b.shadow.in_flight(region, base, at, int(t->tid));
-    b.copies[t->tid].issued.push_back({region, base, at, from});
+    if (b.shadow.access(int(t->tid), region, base, at, bytes, true) != at) return; // outside
+    b.shadow.in_flight(region, base, at, bytes, int(t->tid));
+    b.copies[t->tid].issued.push_back({region, base, at, from, bytes});
 }
 
 // cp.async.commit_group, then cp.async.wait_group in_flight: the groups older than the newest
@@ -331,9 +335,9 @@ void on_cp_wait(EmuThread* t, std::int64_t in_flight) {
     mine.issued.clear();
     while (std::int64_t(mine.groups.size()) > in_flight) {
         for (const Block::Copy& c : mine.groups.front()) {
-            b.shadow.in_flight(c.region, c.base, c.at, -1);
-            std::memcpy(c.at, c.from, 16);
-            b.shadow.access(int(t->tid), c.region, c.base, c.at, 16, true);
+            b.shadow.in_flight(c.region, c.base, c.at, c.bytes, -1);
+            std::memcpy(c.at, c.from, std::size_t(c.bytes));
+            b.shadow.access(int(t->tid), c.region, c.base, c.at, c.bytes, true);
         }
         mine.groups.pop_front();
     }

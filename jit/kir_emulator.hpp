@@ -28,8 +28,8 @@
 // so the emulation itself stays in bounds). mma.sync and ldmatrix are no barriers: they order a
 // warp's lanes, not the block.
 //
-// cp.async (16 bytes, global to shared): checked and recorded as the issuing thread's write when
-// issued (it may land any time before its wait), and its destination is in flight until a
+// cp.async (16 or 4 bytes, global to shared): checked and recorded as the issuing thread's write
+// when issued (it may land any time before its wait), and its destination is in flight until a
 // cp.async.wait_group lands its group (the copy is made then): any access to bytes in flight,
 // by any thread, and a block whose threads end with copies in flight, fail the launch. So a
 // program that reads a staged tile before its wait is caught even though the host copies
@@ -65,10 +65,10 @@ struct EmuThread {
                      std::uint32_t* out) = nullptr;
     // shfl.sync.bfly.b32 over the whole warp: lane ^ mask's value.
     float (*shfl)(EmuThread*, float v, std::int64_t mask) = nullptr;
-    // cp.async.cg.shared.global of 16 bytes from `from` to `at` in shared array `region`
-    // (starting at `base`), and cp.async.commit_group + cp.async.wait_group in_flight.
-    void (*cp_async)(EmuThread*, std::int64_t region, char* base, char* at,
-                     const char* from) = nullptr;
+    // cp.async.{cg,ca}.shared.global of `bytes` (16 or 4) from `from` to `at` in shared array
+    // `region` (starting at `base`), and cp.async.commit_group + cp.async.wait_group in_flight.
+    void (*cp_async)(EmuThread*, std::int64_t region, char* base, char* at, const char* from,
+                     std::int64_t bytes) = nullptr;
     void (*cp_wait)(EmuThread*, std::int64_t in_flight) = nullptr;
 };
 inline constexpr int kEmuTid = 0, kEmuNtid = 8, kEmuCtaid = 16, kEmuNctaid = 24, kEmuBarrier = 32,

@@ -196,7 +196,7 @@ void KirLowering::copy16(const Stmt& s) {
     const kir::Elem e = k_.buffers[std::size_t(s.id)].elem;
     llvm::Type* t = storage_type(e);
     llvm::Value *di = value(s.a), *si = value(s.b);
-    for (std::int64_t x = 0; x < 16 / kir::elem_bytes(e); ++x) {
+    for (std::int64_t x = 0; x < s.bytes / kir::elem_bytes(e); ++x) {
         llvm::Value* at = physical(src, b_.CreateAdd(si, b_.getInt64(x)));
         llvm::LoadInst* l = b_.CreateLoad(t, b_.CreateGEP(t, buffers_[std::size_t(src)], at));
         scoped(l, src);

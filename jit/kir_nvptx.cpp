@@ -320,6 +320,11 @@ class NvptxLowering final : public KirLowering {
         const std::int64_t n = 16 / kir::elem_bytes(e);
         const kir::BufferDecl& to = k_.buffers[std::size_t(s.id)];
         const kir::BufferDecl& from = k_.buffers[std::size_t(src)];
+        if (s.bytes == 4) { // copy4_async: one element, naturally aligned
+            llvm::Type* t = storage_type(e);
+            return cp_async(s.id, b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a))),
+                            b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b))), 4);
+        }
         if (!kir::multiple_of(s.a, n) || !kir::multiple_of(s.b, n) || to.row % n != 0 ||
             from.row % n != 0)
             return KirLowering::copy16(s);
@@ -330,7 +335,7 @@ class NvptxLowering final : public KirLowering {
         llvm::Value* from_at = b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b)));
         if (s.async) {
             llvm::Value* to_at = b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a)));
-            return cp_async(s.id, to_at, from_at);
+            return cp_async(s.id, to_at, from_at, 16);
         }
         llvm::LoadInst* l = b_.CreateAlignedLoad(v, from_at, llvm::Align(16));
         scoped(l, src);
@@ -356,19 +361,23 @@ class NvptxLowering final : public KirLowering {
 
   private:
     // cp.async.cg.shared.global [to], [from], 16 (cached in L2 only: a staged tile is read once
-    // per block), or the EmuThread's cp_async on the same addresses.
-    void cp_async(std::int64_t region, llvm::Value* to, llvm::Value* from) {
+    // per block), or .ca with 4 bytes (the only cache mode for fewer than 16), or the
+    // EmuThread's cp_async on the same addresses.
+    void cp_async(std::int64_t region, llvm::Value* to, llvm::Value* from, std::int64_t bytes) {
         if (emulated_) {
             auto* ptr = llvm::PointerType::get(m_.getContext(), 0);
-            auto* type = llvm::FunctionType::get(b_.getVoidTy(),
-                                                 {ptr, b_.getInt64Ty(), ptr, ptr, ptr}, false);
-            b_.CreateCall(type, b_.CreateLoad(ptr, emu_field(kEmuCpAsync)),
-                          {thread_, b_.getInt64(region), buffer(int(region)), to, from});
+            auto* i64 = b_.getInt64Ty();
+            auto* type =
+                llvm::FunctionType::get(b_.getVoidTy(), {ptr, i64, ptr, ptr, ptr, i64}, false);
+            b_.CreateCall(
+                type, b_.CreateLoad(ptr, emu_field(kEmuCpAsync)),
+                {thread_, b_.getInt64(region), buffer(int(region)), to, from, b_.getInt64(bytes)});
             return;
         }
         auto* global = llvm::PointerType::get(m_.getContext(), 1);
         b_.CreateCall(llvm::Intrinsic::getDeclaration(
-                          &m_, llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16),
+                          &m_, bytes == 16 ? llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16
+                                           : llvm::Intrinsic::nvvm_cp_async_ca_shared_global_4),
                       {to, b_.CreateAddrSpaceCast(from, global)});
     }
 

@@ -163,11 +163,19 @@ struct Program {
     void take_bias_rows() {
         if (s.bias && !s.aq && s.tensor_cores) bias_rows = small("Bt", 2 * RelposShape::J);
     }
-    void stage_bias(Expr lo, Expr count) {
+    // `async`: with cp.async (copy4_async) where the rows are in shared memory, landing at the
+    // caller's next await_copies.
+    void stage_bias(Expr lo, Expr count, bool async = false) {
         if (bias_rows < 0) return;
         bias_lo = lo;
         b.loop(
-            0, count, [&](Expr w) { b.store(bias_rows, w, b.load(eb, h * U + lo + w)); },
+            0, count,
+            [&](Expr w) {
+                if (async && b.decl(bias_rows).space == kir::Space::shared)
+                    b.copy4_async(bias_rows, w, eb, h * U + lo + w);
+                else
+                    b.store(bias_rows, w, b.load(eb, h * U + lo + w));
+            },
             Loop::threads);
     }
     // A row of `size` f32 values read element by element inside the key loop (the key pass's
@@ -547,17 +555,28 @@ struct Program {
         if (t.Qt >= 0) stage(t.Qt, q, i0, rows, s.D);
         if (t.dOt >= 0) stage(t.dOt, dO, i0, rows, s.Dv);
         if (projects_q()) stage_t(t.QtT, q, i0, rows, s.D);
+        // The rows' lse and D (and the bias rows) with 4-byte cp.async where they are in shared
+        // memory, so the key loop reads global memory only through async staging.
+        const bool async =
+            b.decl(t.Lt).space == kir::Space::shared && b.decl(t.Dt).space == kir::Space::shared;
         b.loop(
             0, rows,
             [&](Expr ii) {
-                b.store(t.Lt, ii, b.load(lse, (o + i0 + ii) * H + h));
-                b.store(t.Dt, ii, b.load(delta, (o + i0 + ii) * H + h));
+                Expr at = (o + i0 + ii) * H + h;
+                if (async) {
+                    b.copy4_async(t.Lt, ii, lse, at);
+                    b.copy4_async(t.Dt, ii, delta, at);
+                } else {
+                    b.store(t.Lt, ii, b.load(lse, at));
+                    b.store(t.Dt, ii, b.load(delta, at));
+                }
             },
             Loop::threads);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr qlo = b.let(row(dmin), "qlo");
         if (projects_q()) project(t.ZQ, t.QtT, eq, qlo, row(dmax) - qlo + 1, s.bias);
-        stage_bias(qlo, row(dmax) - qlo + 1);
+        stage_bias(qlo, row(dmax) - qlo + 1, async);
+        if (async) b.await_copies(0);
         return {i0, rows, qlo, dmin, dmax};
     }
 

@@ -391,6 +391,38 @@ TEST(GpuEmulator, AsyncCopiesLandAtTheirWait) {
                       ->launch(1, std::vector<void*>{halves.data()}, {});
               }).find("ended with copies in flight"),
               std::string::npos);
+    // 4-byte copies (small f32 rows at any element offset): the same semantics, cp.async.ca.
+    for (const bool wait : {true, false}) {
+        kir::Builder rows("async_rows");
+        const int from = rows.buffer("from", kir::Elem::f32),
+                  to = rows.buffer("to", kir::Elem::f32);
+        const int row = rows.shared("row", 37);
+        rows.loop(
+            0, 37, [&](Expr x) { rows.copy4_async(row, x, from, rows.pid() * 37 + x + 3); },
+            kir::Loop::threads);
+        if (wait) rows.await_copies(0);
+        rows.loop(
+            0, 37, [&](Expr x) { rows.store(to, rows.pid() * 37 + x, rows.load(row, x) + 1.0); },
+            kir::Loop::threads);
+        const kir::Kernel k4 = rows.finish();
+        std::vector<float> in(2 * 37 + 3), cpu(2 * 37, -1.0f), gpu(2 * 37, -1.0f);
+        for (std::size_t x = 0; x < in.size(); ++x) in[x] = float(x) * 0.5f;
+        std::vector<void*> b4 = {in.data(), cpu.data()};
+        if (!wait) {
+            b4[1] = gpu.data();
+            EXPECT_NE(error_of([&] {
+                          jit::compile_kernel_emulated(k4)->launch(2, b4, {});
+                      }).find("cp.async to it is in flight"),
+                      std::string::npos);
+            continue;
+        }
+        jit::compile_kernel_cpu(k4)->launch(2, b4, {});
+        b4[1] = gpu.data();
+        jit::compile_kernel_emulated(k4)->launch(2, b4, {});
+        EXPECT_EQ(gpu, cpu);
+        EXPECT_EQ(cpu[40], in[43] + 1.0f);
+        EXPECT_NE(jit::kir_ptx(k4, "sm_80").find("cp.async.ca.shared.global"), std::string::npos);
+    }
     // Only global to shared.
     kir::Builder bad("bad");
     const int g = bad.buffer("g", kir::Elem::f16), g2 = bad.buffer("g2", kir::Elem::f16);
