@@ -158,25 +158,43 @@ struct Program {
     // Tensor-core programs whose scores add a bias without a query-side table (T5): each tile
     // pair's reachable bias rows [bias_lo, ...) staged in `bias_rows` (stage_bias, from
     // query_tile and key_tile), which score() reads instead of eb. -1: read eb.
+    // With a double-buffered key loop (`copies` 2: the forward) tile t's rows are copied with
+    // tile t's K and V (prefetch_bias, into half t % 2 at bias_at), and key_tile only points
+    // score() at them.
     int bias_rows = -1;
-    Expr bias_lo;
-    void take_bias_rows() {
-        if (s.bias && !s.aq && s.tensor_cores) bias_rows = small("Bt", 2 * RelposShape::J);
+    Expr bias_lo, bias_at = Expr(std::int64_t(0));
+    bool bias_prefetched = false;
+    void take_bias_rows(std::int64_t copies = 1) {
+        if (!s.bias || s.aq || !s.tensor_cores) return;
+        bias_rows = small("Bt", copies * 2 * RelposShape::J);
+        bias_prefetched = copies == 2 && b.decl(bias_rows).space == kir::Space::shared;
     }
     // `async`: with cp.async (copy4_async) where the rows are in shared memory, landing at the
-    // caller's next await_copies.
-    void stage_bias(Expr lo, Expr count, bool async = false) {
+    // caller's next await_copies; `into`: where in bias_rows.
+    void stage_bias(Expr lo, Expr count, bool async = false, Expr into = Expr(std::int64_t(0))) {
         if (bias_rows < 0) return;
         bias_lo = lo;
         b.loop(
             0, count,
             [&](Expr w) {
                 if (async && b.decl(bias_rows).space == kir::Space::shared)
-                    b.copy4_async(bias_rows, w, eb, h * U + lo + w);
+                    b.copy4_async(bias_rows, into + w, eb, h * U + lo + w);
                 else
-                    b.store(bias_rows, w, b.load(eb, h * U + lo + w));
+                    b.store(bias_rows, into + w, b.load(eb, h * U + lo + w));
             },
             Loop::threads);
+    }
+    // The expanded rows the pairs of query rows [i0, i0 + rows) and keys [j0, j0 + cols) reach:
+    // the first and how many.
+    std::pair<Expr, Expr> reach(Expr i0, Expr rows, Expr j0, Expr cols) {
+        Expr lo = b.let(row(i0 - (j0 + cols - 1)), "lo");
+        return {lo, row(i0 + rows - 1 - j0) - lo + 1};
+    }
+    // Tile t's bias rows, with its K and V (a stream prefetch): see bias_prefetched.
+    void prefetch_bias(Expr t, Expr i0, Expr rows, Expr j0, Expr cols) {
+        if (!bias_prefetched) return;
+        const auto [lo, count] = reach(i0, rows, j0, cols);
+        stage_bias(lo, count, true, t % 2 * Expr(2 * RelposShape::J));
     }
     // A row of `size` f32 values read element by element inside the key loop (the key pass's
     // lse and D, a tile pair's bias rows): shared memory with tensor cores while the block's
@@ -414,14 +432,17 @@ struct Program {
     }
     // For t < tiles: body(t) once tile t (rows [first + t J, ..) of src_a and src_b, at most up
     // to `end`) has landed in x's buffer t % 2; without double buffering, body stages it.
+    // `also(t, from, count)` issues more of tile t's async copies into the same group.
     void stream(const Streamed& x, int src_a, int src_b, Expr first, Expr end, Expr tiles,
-                const std::function<void(Expr)>& body) {
+                const std::function<void(Expr)>& body,
+                const std::function<void(Expr, Expr, Expr)>& also = {}) {
         if (x.copies == 1) return b.loop(0, tiles, body);
         auto prefetch = [&](Expr t) {
             Expr from = b.let(first + t * RelposShape::J, "from");
             Expr count = b.let(min(Expr(RelposShape::J), end - from), "count");
             stage(x.a, src_a, from, count, x.wa, x.at(t, x.wa), true);
             stage(x.b, src_b, from, count, x.wb, x.at(t, x.wb), true);
+            if (also) also(t, from, count);
         };
         prefetch(Expr(std::int64_t(0)));
         b.await_copies(1); // commits tile 0's group; nothing lands yet
@@ -462,7 +483,8 @@ struct Program {
             t = t +
                 (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i))) : b.load(zq, (u - qlo) * J + qi));
         else if (s.bias)
-            t = t + (bias_rows >= 0 ? b.load(bias_rows, u - bias_lo) : b.load(eb, h * U + u));
+            t = t +
+                (bias_rows >= 0 ? b.load(bias_rows, bias_at + u - bias_lo) : b.load(eb, h * U + u));
         if (s.ak)
             t = t +
                 (s.saved ? b.load(zks, saved_at(j, u, k_lo(j))) : b.load(zk, (u - klo) * J + kj));
@@ -597,7 +619,12 @@ struct Program {
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
         if (projects_k()) project(ZK, KsT, ek, klo, row(dmax) - klo + 1, false);
-        stage_bias(klo, row(dmax) - klo + 1);
+        if (bias_prefetched) { // landed with the tile's K and V
+            bias_lo = klo;
+            bias_at = t % 2 * Expr(2 * J);
+        } else {
+            stage_bias(klo, row(dmax) - klo + 1);
+        }
         return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
     }
 
@@ -809,7 +836,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, true); // K and V, double-buffered
     const int Ks = kv.a, Vs = kv.b;
     const int KsT = p.projects_k() ? p.staged("KsT", s.D, J) : -1;
-    p.take_bias_rows();
+    p.take_bias_rows(kv.copies);
     const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
     const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
     const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
@@ -833,38 +860,44 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
         p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
     }
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
-    p.stream(kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J), [&](Expr t) {
-        const bool two = kv.copies == 2;
-        const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, KsT, two ? -1 : Vs, ZK);
-        b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
-        b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, kv.at(t, s.D), 1, s.D}, J, J, s.D, p.precision());
-        b.each(S, [&](Expr r, Expr c) {
-            Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
-            Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
-            Expr u = b.let(p.pair_row(i - j), "u");
-            Expr sc = p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
-            b.put(S, select(r < rows && c < tile.cols, sc, Expr(minus_inf)));
-        });
-        b.row_reduce(Mt, S, kir::Reduce::max);
-        b.each(M, [&](Expr, Expr) { b.put(Mt, max(b.here(M), b.here(Mt))); });
-        // A row with every score masked so far keeps M = -inf and weighs nothing.
-        b.each(S, [&](Expr, Expr) {
-            b.put(S, select(b.here(Mt) > Expr(minus_inf), exp(b.here(S) - b.here(Mt)), Expr(0.0)));
-        });
-        b.row_reduce(Lt, S, kir::Reduce::sum);
-        b.each(M, [&](Expr, Expr) {
-            Expr corr =
-                b.let(select(b.here(Mt) > Expr(minus_inf), exp(b.here(M) - b.here(Mt)), Expr(1.0)),
-                      "corr");
-            b.put(L, b.here(L) * corr + b.here(Lt));
-            b.put(M, b.here(Mt));
-            b.put(Lt, corr);
-        });
-        b.each(O, [&](Expr, Expr) { b.put(O, b.here(O) * b.here(Lt)); });
-        // O += P V: P rounded to the data's type by the mma, as FlashAttention does.
-        b.mma({O, 0, s.Dv, 1}, {S, 0, J, 1}, {Vs, kv.at(t, s.Dv), s.Dv, 1}, J, s.Dv, J,
-              p.precision());
-    });
+    p.stream(
+        kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J),
+        [&](Expr t) {
+            const bool two = kv.copies == 2;
+            const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, KsT, two ? -1 : Vs, ZK);
+            b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
+            b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, kv.at(t, s.D), 1, s.D}, J, J, s.D,
+                  p.precision());
+            b.each(S, [&](Expr r, Expr c) {
+                Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
+                Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
+                Expr u = b.let(p.pair_row(i - j), "u");
+                Expr sc =
+                    p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
+                b.put(S, select(r < rows && c < tile.cols, sc, Expr(minus_inf)));
+            });
+            b.row_reduce(Mt, S, kir::Reduce::max);
+            b.each(M, [&](Expr, Expr) { b.put(Mt, max(b.here(M), b.here(Mt))); });
+            // A row with every score masked so far keeps M = -inf and weighs nothing.
+            b.each(S, [&](Expr, Expr) {
+                b.put(S,
+                      select(b.here(Mt) > Expr(minus_inf), exp(b.here(S) - b.here(Mt)), Expr(0.0)));
+            });
+            b.row_reduce(Lt, S, kir::Reduce::sum);
+            b.each(M, [&](Expr, Expr) {
+                Expr corr = b.let(
+                    select(b.here(Mt) > Expr(minus_inf), exp(b.here(M) - b.here(Mt)), Expr(1.0)),
+                    "corr");
+                b.put(L, b.here(L) * corr + b.here(Lt));
+                b.put(M, b.here(Mt));
+                b.put(Lt, corr);
+            });
+            b.each(O, [&](Expr, Expr) { b.put(O, b.here(O) * b.here(Lt)); });
+            // O += P V: P rounded to the data's type by the mma, as FlashAttention does.
+            b.mma({O, 0, s.Dv, 1}, {S, 0, J, 1}, {Vs, kv.at(t, s.Dv), s.Dv, 1}, J, s.Dv, J,
+                  p.precision());
+        },
+        [&](Expr t, Expr j0, Expr cols) { p.prefetch_bias(t, i0, rows, j0, cols); });
     b.each(O, [&](Expr r, Expr x) {
         b.when(r < rows, [&] {
             b.store(out, p.at(i0 + r, x, s.Dv), b.here(O) / b.here(L));
