@@ -9,8 +9,8 @@
 //   - global buffers of a storage element type (loads widen to f32 or i64, stores narrow),
 //   - scratch arrays: f32 per program instance, their size an expression of the parameters,
 //   - shared arrays per program instance of a constant size, f32 or a half type (a GPU
-//     block's shared memory, 48 KiB in all; scratch like any other on the CPU): loads widen
-//     and stores round, as for global buffers,
+//     block's shared memory, 96 KiB in all, dynamic past 48; scratch like any other on the CPU):
+//     loads widen and stores round, as for global buffers,
 //   - immutable lets, mutable scalar variables, stores, counted loops and conditionals,
 //   - matrix multiply-accumulates over scratch or shared tiles (`mma`): tensor cores on the GPU,
 //   - fragments: f32 tiles of kFragmentRows rows per program instance held in registers on

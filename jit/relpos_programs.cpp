@@ -138,7 +138,7 @@ struct Program {
     // Scratch of `size` floats when `used`, else one.
     Expr sized(bool used, Expr size) const { return used ? size : Expr(1); }
     // A staged tile of rows x width elements (constants): with tensor cores in shared memory
-    // while the 48 KiB of a block last (the tiles read by every product first), in the data's
+    // while the 96 KiB of a block last (the tiles read by every product first), in the data's
     // type (staged values are the inputs' own, so nothing is rounded) and padded after every
     // row, so the fragments' ldmatrix rows meet no bank conflict; else f32 scratch.
     int staged(const char* name, std::int64_t rows, std::int64_t width) {
@@ -198,7 +198,7 @@ struct Program {
     }
     // A row of `size` f32 values read element by element inside the key loop (the key pass's
     // lse and D, a tile pair's bias rows): shared memory with tensor cores while the block's
-    // 48 KiB last, else scratch.
+    // 96 KiB last, else scratch.
     int small(const char* name, std::int64_t size) {
         const std::int64_t bytes = (size * 4 + 63) / 64 * 64;
         if (s.tensor_cores && shared_bytes + bytes <= kir::kSharedBytes) {
