@@ -10,16 +10,40 @@
 
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
+#include <algorithm>
+#include <functional>
+
 namespace rag::jit {
 namespace {
 
 using kir::Stmt;
 
+// Whether k computes without tensor cores: no fragments, and no mma on them.
+bool without_tensor_cores(const kir::Kernel& k) {
+    for (const kir::BufferDecl& b : k.buffers)
+        if (b.space == kir::Space::fragment) return false;
+    const std::function<bool(const std::vector<Stmt>&)> any = [&](const std::vector<Stmt>& body) {
+        return std::any_of(body.begin(), body.end(), [&](const Stmt& s) {
+            return (s.kind == Stmt::Kind::mma && kir::on_tensor_cores(*s.mma)) || any(s.body) ||
+                   any(s.orelse);
+        });
+    };
+    return !any(k.body);
+}
+
 class NvptxLowering final : public KirLowering {
   public:
     // emulated: for the host (jit/kir_emulator.hpp) instead of the GPU.
+    // Programs without tensor cores (f32) keep their constant-trip loops as loops, as the CPU
+    // does and for the same reason (kir_llvm.cpp's for_range): unrolled, LICM held 4 rows x 64
+    // columns of accumulators across the enclosing loop, and their backward passes spilled
+    // 200-670 B a thread. The tensor-core programs keep LLVM's unrolling, which the static
+    // report's model counts on (it charges an inner loop without HMMAs once: rolled, their
+    // projection loops would be undercounted 64 times; rolled, they also spill less).
     NvptxLowering(llvm::Module& m, const kir::Kernel& k, bool emulated)
-        : KirLowering(m, k), emulated_(emulated) {}
+        : KirLowering(m, k), emulated_(emulated) {
+        keep_constant_loops_ = without_tensor_cores(k);
+    }
 
     void build(const std::string& name) {
         auto& ctx = m_.getContext();
