@@ -206,6 +206,17 @@ TEST(KernelIr, BuilderRejectsMisusedMmaAndSharedArrays) {
                      0, 4, [&](Expr) { b.await_copies(0); }, kir::Loop::threads),
                  Error); // a wait is the whole block's
     EXPECT_THROW(b.await_copies(8), Error);
+    Builder halves("halves");
+    const int gh = halves.buffer("gh", kir::Elem::f16);
+    const int h = halves.shared("h", 64, kir::Elem::f16);
+    EXPECT_THROW(halves.loop(
+                     0, 4, [&](Expr x) { halves.copy4_async(h, x, gh, x); }, kir::Loop::threads),
+                 Error); // 4-byte elements only
+    EXPECT_THROW(b.loop(
+                     0, 4, [&](Expr x) { b.copy4_async(t, x, s, x); }, kir::Loop::threads),
+                 Error); // from a global buffer only
+    EXPECT_NO_THROW(b.loop(
+        0, 4, [&](Expr x) { b.copy4_async(t, x, g, x); }, kir::Loop::threads));
     EXPECT_THROW(b.buffer("late", kir::Elem::f32), Error); // globals come first
 }
 
