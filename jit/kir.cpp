@@ -380,8 +380,7 @@ void Builder::await_copies(std::int64_t in_flight) {
         fail("kernel IR ", k_.name, ": await_copies inside a threads loop or an each");
     if (in_flight < 0 || in_flight > 7)
         fail("kernel IR ", k_.name, ": await_copies leaves 0 to 7 groups in flight");
-    Stmt s{Stmt::Kind::await_copies, in_flight, {}, {}, {}, {}, {}, Loop::serial, {}};
-    block().push_back(std::move(s));
+    block().push_back({Stmt::Kind::await_copies, in_flight, {}, {}, {}, {}, {}, Loop::serial, {}});
 }
 
 void Builder::copy16(int dst, Expr di, int src, Expr si) {

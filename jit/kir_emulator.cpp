@@ -120,18 +120,16 @@ class Shadow {
             }
             return &dummy_;
         }
-        if (region >= 0)
-            for (std::int64_t w = off / kUnit; w < (off + bytes + 1) / kUnit; ++w)
-                if (const int owner = in_flight_[region][std::size_t(w)];
-                    owner >= 0 && error_.empty()) {
-                    std::ostringstream e;
-                    e << "kernel " << l_.kernel << " (emulated GPU): thread " << tid
-                      << (write ? " writes" : " reads") << " `" << array->name << "` (byte "
-                      << w * kUnit << ") in block " << ctaid_ << " while thread " << owner
-                      << "'s cp.async to it is in flight (no cp.async.wait_group lands it)";
-                    error_ = e.str();
-                }
         for (std::int64_t w = off / kUnit; w < (off + bytes + 1) / kUnit; ++w) {
+            if (const int owner = region >= 0 ? in_flight_[region][std::size_t(w)] : -1;
+                owner >= 0 && error_.empty()) {
+                std::ostringstream e;
+                e << "kernel " << l_.kernel << " (emulated GPU): thread " << tid
+                  << (write ? " writes" : " reads") << " `" << array->name << "` (byte "
+                  << w * kUnit << ") in block " << ctaid_ << " while thread " << owner
+                  << "'s cp.async to it is in flight (no cp.async.wait_group lands it)";
+                error_ = e.str();
+            }
             Word& word = (*words)[std::size_t(first + w)];
             if (word.epoch != epoch_) word = Word{epoch_};
             const int other = word.writer >= 0 && word.writer != tid            ? word.writer

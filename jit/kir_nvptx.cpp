@@ -344,27 +344,22 @@ class NvptxLowering final : public KirLowering {
         const std::int64_t n = 16 / kir::elem_bytes(e);
         const kir::BufferDecl& to = k_.buffers[std::size_t(s.id)];
         const kir::BufferDecl& from = k_.buffers[std::size_t(src)];
-        if (s.bytes == 4) { // copy4_async: one element, naturally aligned
-            llvm::Type* t = storage_type(e);
-            return cp_async(s.id, b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a))),
-                            b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b))), 4);
-        }
+        llvm::Type* t = storage_type(e);
+        auto address = [&](std::int64_t buf, const kir::Expr& at) {
+            return b_.CreateGEP(t, buffer(int(buf)), physical(buf, value(at)));
+        };
+        if (s.bytes == 4) // copy4_async: one element, naturally aligned
+            return cp_async(s.id, address(s.id, s.a), address(src, s.b), 4);
         if (!kir::multiple_of(s.a, n) || !kir::multiple_of(s.b, n) || to.row % n != 0 ||
             from.row % n != 0)
             return KirLowering::copy16(s);
+        if (s.async) return cp_async(s.id, address(s.id, s.a), address(src, s.b), 16);
         // Four 32-bit words whatever the element (LLVM splits <8 x i16>, bf16's storage, into
         // two 8-byte accesses).
-        llvm::Type* t = storage_type(e);
         auto* v = llvm::FixedVectorType::get(b_.getInt32Ty(), 4);
-        llvm::Value* from_at = b_.CreateGEP(t, buffer(int(src)), physical(src, value(s.b)));
-        if (s.async) {
-            llvm::Value* to_at = b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a)));
-            return cp_async(s.id, to_at, from_at, 16);
-        }
-        llvm::LoadInst* l = b_.CreateAlignedLoad(v, from_at, llvm::Align(16));
+        llvm::LoadInst* l = b_.CreateAlignedLoad(v, address(src, s.b), llvm::Align(16));
         scoped(l, src);
-        llvm::Value* to_at = b_.CreateGEP(t, buffer(int(s.id)), physical(s.id, value(s.a)));
-        scoped(b_.CreateAlignedStore(l, to_at, llvm::Align(16)), s.id);
+        scoped(b_.CreateAlignedStore(l, address(s.id, s.a), llvm::Align(16)), s.id);
     }
 
     // cp.async.commit_group, cp.async.wait_group n, then bar.sync (see Builder::await_copies).
