@@ -438,7 +438,7 @@ void Builder::when(Expr cond, const std::function<void()>& then,
 }
 
 void Builder::mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, std::int64_t k,
-                  Precision p) {
+                  Precision p, bool accumulate) {
     auto fail_mma = [&](const char* why) { fail("kernel IR ", k_.name, ": mma ", why); };
     if (threads_depth_ > 0 || each_ >= 0)
         fail_mma("inside a threads loop or an each (it is a statement of the block)");
@@ -467,8 +467,9 @@ void Builder::mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, 
                            !on_tensor_cores(Mma{c, a, b, m, n, k, p})))
         fail_mma("into a fragment that is not the whole of C on tensor cores");
     if (k_.buffers[std::size_t(c.buf)].elem != Elem::f32) fail_mma("accumulates into a half array");
+    if (!accumulate && fragment_at(c)) fail_mma("without accumulating into a fragment");
     Stmt s{Stmt::Kind::mma, c.buf, {}, {}, {}, {}, {}, Loop::serial, {}};
-    s.mma = std::make_shared<const Mma>(Mma{c, a, b, m, n, k, p});
+    s.mma = std::make_shared<const Mma>(Mma{c, a, b, m, n, k, p, accumulate});
     block().push_back(std::move(s));
 }
 
@@ -626,7 +627,7 @@ void print_block(std::ostream& os, const Kernel& k, const std::vector<Stmt>& bod
                 os << " + c ";
                 print_expr(os, k, mat->col);
                 os << "]";
-                sep = mat == &x.c ? " += " : " @ ";
+                sep = mat == &x.c ? (x.accumulate ? " += " : " = ") : " @ ";
             }
             os << "\n";
             continue;

@@ -9,7 +9,7 @@
 //   - global buffers of a storage element type (loads widen to f32 or i64, stores narrow),
 //   - scratch arrays: f32 per program instance, their size an expression of the parameters,
 //   - shared arrays per program instance of a constant size, f32 or a half type (a GPU
-//     block's shared memory, 96 KiB in all, dynamic past 48; scratch like any other on the CPU):
+//     block's shared memory, 112 KiB in all, dynamic past 48; scratch like any other on the CPU):
 //     loads widen and stores round, as for global buffers,
 //   - immutable lets, mutable scalar variables, stores, counted loops and conditionals,
 //   - matrix multiply-accumulates over scratch or shared tiles (`mma`): tensor cores on the GPU,
@@ -134,11 +134,13 @@ struct Matrix {
 };
 // What an mma rounds its operands to before multiplying; products and sums are f32.
 enum class Precision : std::uint8_t { f32, f16, bf16 };
-// C(i, j) += sum over l < k of round(A(i, l)) round(B(l, j)), for i < m and j < n.
+// C(i, j) += sum over l < k of round(A(i, l)) round(B(l, j)), for i < m and j < n; without
+// `accumulate`, C(i, j) = the sum (C's old values are never read, so it needs no zeroing).
 struct Mma {
     Matrix c, a, b;
     std::int64_t m, n, k;
     Precision precision;
+    bool accumulate = true;
 };
 // Whether the GPU runs an mma on tensor cores (mma.sync m16n8k16, one 16 x 8 tile of C per
 // warp at a time): half precision and m, n, k multiples of 16, 8, 16. Otherwise its threads
@@ -189,10 +191,11 @@ struct BufferDecl {
 
 // The most shared memory one program instance may declare. Past kStaticSharedBytes, the GPU's
 // static limit per block, the NVPTX lowering places the arrays in dynamic shared memory, which
-// the launch asks for (sm_80 allows 163 KiB a block, sm_90 227 KiB; 96 KiB leaves an H100 room
-// for two blocks of a tile program, as many as their registers allow).
+// the launch asks for (sm_80 allows 163 KiB a block, sm_90 227 KiB; 112 KiB leaves an H100's
+// 228 KiB room for two blocks of a tile program with their 1 KiB reserve each, as many as
+// their registers allow).
 inline constexpr std::int64_t kStaticSharedBytes = 48 * 1024;
-inline constexpr std::int64_t kSharedBytes = 96 * 1024;
+inline constexpr std::int64_t kSharedBytes = 112 * 1024;
 
 struct Kernel {
     std::string name;
@@ -282,8 +285,9 @@ class Builder {
     // instance, so not inside a `threads` loop; C is a different array from A and B. C may be
     // a fragment (the whole of it: m = kFragmentRows, n its columns, on tensor cores), and
     // then A too (the whole of one with k columns; the GPU reuses its registers).
+    // `accumulate` false: C = A B (an array C only, not a fragment).
     void mma(Matrix c, Matrix a, Matrix b, std::int64_t m, std::int64_t n, std::int64_t k,
-             Precision p);
+             Precision p, bool accumulate = true);
 
     // A fragment of kFragmentRows x cols f32 (cols a multiple of 8, or 1: a row vector),
     // undefined until written.

@@ -366,7 +366,9 @@ void KirLowering::mma_element(const kir::Mma& x, llvm::Value* i, llvm::Value* j)
     llvm::Function* fn = b_.GetInsertBlock()->getParent();
     llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
     llvm::Value* acc = entry.CreateAlloca(f32);
-    b_.CreateStore(b_.CreateLoad(f32, at), acc);
+    llvm::Value* c0 = x.accumulate ? static_cast<llvm::Value*>(b_.CreateLoad(f32, at))
+                                   : llvm::ConstantFP::get(f32, 0.0);
+    b_.CreateStore(c0, acc);
     for_range(b_.getInt64(0), b_.getInt64(x.k), b_.getInt64(1), [&](llvm::Value* l) {
         llvm::Value* a = round_to(x.precision, load_element(x.a, i, l));
         llvm::Value* bv = round_to(x.precision, load_element(x.b, l, j));

@@ -219,32 +219,34 @@ class NvptxLowering final : public KirLowering {
         std::vector<llvm::Value*> acc;
         for (int q = 0; q < 4; ++q) acc.push_back(entry.CreateAlloca(f32));
         llvm::FunctionType* sig = op->getFunctionType();
-        for_range(b_.CreateLShr(tid_, 5), i64(x.m / 16 * tiles_n), b_.CreateLShr(ntid_, 5),
-                  [&](llvm::Value* tile) {
-                      llvm::Value* i0 = b_.CreateMul(b_.CreateUDiv(tile, i64(tiles_n)), i64(16));
-                      llvm::Value* j0 = b_.CreateMul(b_.CreateURem(tile, i64(tiles_n)), i64(8));
-                      llvm::Value* rows[2] = {b_.CreateAdd(i0, g),
-                                              b_.CreateAdd(i0, b_.CreateAdd(g, i64(8)))};
-                      llvm::Value* cols = b_.CreateAdd(j0, t2);
-                      std::vector<llvm::Value*> at;
-                      for (int q = 0; q < 4; ++q) {
-                          at.push_back(element(x.c, rows[q >> 1], b_.CreateAdd(cols, i64(q & 1))));
-                          b_.CreateStore(b_.CreateLoad(f32, at.back()), acc[std::size_t(q)]);
-                      }
-                      for_range(i64(0), i64(x.k), i64(16), [&](llvm::Value* l0) {
-                          std::vector<llvm::Value*> args = fragment(x, false, i0, l0, lane, sig);
-                          for (llvm::Value* r : fragment(x, true, j0, l0, lane, sig))
-                              args.push_back(r);
-                          for (int q = 0; q < 4; ++q)
-                              args.push_back(b_.CreateLoad(f32, acc[std::size_t(q)]));
-                          llvm::Value* d = mma_sync(op, f16, args);
-                          for (unsigned q = 0; q < 4; ++q)
-                              b_.CreateStore(b_.CreateExtractValue(d, q), acc[q]);
-                      });
-                      for (int q = 0; q < 4; ++q)
-                          b_.CreateStore(b_.CreateLoad(f32, acc[std::size_t(q)]),
-                                         at[std::size_t(q)]);
-                  });
+        for_range(
+            b_.CreateLShr(tid_, 5), i64(x.m / 16 * tiles_n), b_.CreateLShr(ntid_, 5),
+            [&](llvm::Value* tile) {
+                llvm::Value* i0 = b_.CreateMul(b_.CreateUDiv(tile, i64(tiles_n)), i64(16));
+                llvm::Value* j0 = b_.CreateMul(b_.CreateURem(tile, i64(tiles_n)), i64(8));
+                llvm::Value* rows[2] = {b_.CreateAdd(i0, g),
+                                        b_.CreateAdd(i0, b_.CreateAdd(g, i64(8)))};
+                llvm::Value* cols = b_.CreateAdd(j0, t2);
+                std::vector<llvm::Value*> at;
+                for (int q = 0; q < 4; ++q) {
+                    at.push_back(element(x.c, rows[q >> 1], b_.CreateAdd(cols, i64(q & 1))));
+                    llvm::Value* c0 = x.accumulate
+                                          ? static_cast<llvm::Value*>(b_.CreateLoad(f32, at.back()))
+                                          : llvm::ConstantFP::get(f32, 0.0);
+                    b_.CreateStore(c0, acc[std::size_t(q)]);
+                }
+                for_range(i64(0), i64(x.k), i64(16), [&](llvm::Value* l0) {
+                    std::vector<llvm::Value*> args = fragment(x, false, i0, l0, lane, sig);
+                    for (llvm::Value* r : fragment(x, true, j0, l0, lane, sig)) args.push_back(r);
+                    for (int q = 0; q < 4; ++q)
+                        args.push_back(b_.CreateLoad(f32, acc[std::size_t(q)]));
+                    llvm::Value* d = mma_sync(op, f16, args);
+                    for (unsigned q = 0; q < 4; ++q)
+                        b_.CreateStore(b_.CreateExtractValue(d, q), acc[q]);
+                });
+                for (int q = 0; q < 4; ++q)
+                    b_.CreateStore(b_.CreateLoad(f32, acc[std::size_t(q)]), at[std::size_t(q)]);
+            });
         barrier();
     }
 

@@ -138,9 +138,17 @@ struct Floats {
 using Setup = RelposSetup;
 
 // An expanded table, or a dummy the programs never read when the table is absent.
-void* table(std::vector<float>& t) {
-    static float none = 0;
-    return t.empty() ? &none : t.data();
+// (16-byte aligned as every global buffer of a GPU launch: check_kir_launch).
+template <class T> void* table(std::vector<T>& t) {
+    alignas(16) static float none[4] = {};
+    return t.empty() ? static_cast<void*>(none) : t.data();
+}
+// The relation tables as the programs read them: in the data's type on tensor cores.
+void* table_q(Setup& s) {
+    return s.shape.tensor_cores ? table(s.eq_half) : table(s.eq);
+}
+void* table_k(Setup& s) {
+    return s.shape.tensor_cores ? table(s.ek_half) : table(s.ek);
 }
 
 void* ptr(const RaggedTensor& t) {
@@ -155,7 +163,7 @@ void choose(Setup& s, bool save) {
 void choose(Setup& s, const RelposOptions& opt) {
     choose(s, opt.save_projections);
     s.emulated = opt.emulate_gpu;
-    s.shape.tensor_cores = opt.emulate_gpu && relpos_tensor_cores(s.shape.dtype);
+    if (opt.emulate_gpu && relpos_tensor_cores(s.shape.dtype)) relpos_use_tensor_cores(s);
 }
 
 // The saved projections of one table: [tokens][H][WS] f32 when present, else one float.
@@ -172,13 +180,12 @@ RelposForward run_forward(std::span<const RaggedTensor> in, Setup& s) {
         f.saved = true;
         f.zqs = saved_buffer(s, s.shape.aq);
         f.zks = saved_buffer(s, s.shape.ak);
-        void* pbufs[] = {ptr(in[0]),     ptr(in[1]),       ptr(in[2]),
-                         table(s.eq),    table(s.ek),      table(s.eb),
-                         s.tiles.data(), f.zqs.data.get(), f.zks.data.get()};
+        void* pbufs[] = {ptr(in[0]),  ptr(in[1]),     ptr(in[2]),       table_q(s),      table_k(s),
+                         table(s.eb), s.tiles.data(), f.zqs.data.get(), f.zks.data.get()};
         kernel(Pass::project, s).launch(s.strips() * s.H, pbufs, s.params());
     }
     std::vector<void*> bufs = {ptr(in[0]),     ptr(in[1]),           ptr(in[2]),
-                               table(s.eq),    table(s.ek),          table(s.eb),
+                               table_q(s),     table_k(s),           table(s.eb),
                                s.tiles.data(), f.out.mutable_data(), f.lse.data.get()};
     if (s.shape.saved) bufs.insert(bufs.end(), {f.zqs.data.get(), f.zks.data.get()});
     kernel(Pass::forward, s).launch(s.strips() * s.H, bufs, s.params());
@@ -218,7 +225,7 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
              dtype_name(dO.dtype()));
     RelposForward again;
     s->emulated = opt.emulate_gpu;
-    s->shape.tensor_cores = opt.emulate_gpu && relpos_tensor_cores(s->shape.dtype);
+    if (opt.emulate_gpu && relpos_tensor_cores(s->shape.dtype)) relpos_use_tensor_cores(*s);
     if (!fwd) {
         choose(*s, opt);
         again = run_forward(in, *s);
@@ -243,16 +250,16 @@ std::vector<RaggedTensor> relpos_backward(std::span<const RaggedTensor> in, cons
         Floats zk(sh.ak ? parts * std::size_t(sh.D) : 1);
         std::vector<std::int64_t> qrange(std::size_t(2 * s->part_count())), krange(qrange.size());
         std::vector<void*> qbufs = {
-            ptr(in[0]),          ptr(in[1]),      ptr(in[2]), table(s->eq),  table(s->ek),
+            ptr(in[0]),          ptr(in[1]),      ptr(in[2]), table_q(*s),   table_k(*s),
             table(s->eb),        s->parts.data(), ptr(dO),    ptr(fwd->out), fwd->lse.data.get(),
             g[0].mutable_data(), delta.data(),    zq.data(),  zb.data(),     qrange.data()};
         std::vector<void*> kbufs = {
-            ptr(in[0]),          ptr(in[1]),          ptr(in[2]), table(s->eq),        table(s->ek),
+            ptr(in[0]),          ptr(in[1]),          ptr(in[2]), table_q(*s),         table_k(*s),
             table(s->eb),        s->parts.data(),     ptr(dO),    fwd->lse.data.get(), delta.data(),
             g[1].mutable_data(), g[2].mutable_data(), zk.data(),  krange.data()};
         std::vector<void*> bufs = {
-            ptr(in[0]),          ptr(in[1]),          ptr(in[2]),          table(s->eq),
-            table(s->ek),        table(s->eb),        s->parts.data(),     ptr(dO),
+            ptr(in[0]),          ptr(in[1]),          ptr(in[2]),          table_q(*s),
+            table_k(*s),         table(s->eb),        s->parts.data(),     ptr(dO),
             ptr(fwd->out),       fwd->lse.data.get(), g[0].mutable_data(), g[1].mutable_data(),
             g[2].mutable_data(), zq.data(),           zb.data(),           zk.data(),
             qrange.data()};

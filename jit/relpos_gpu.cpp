@@ -65,12 +65,13 @@ void launch(const GpuKernel& k, std::int64_t grid, std::initializer_list<Named> 
 
 RelposOnDevice::RelposOnDevice(std::span<const RaggedTensor> in, const Attrs& at)
     : in_(in.begin(), in.end()), at_(at), s_(relpos_setup(in, at, op_name, false)) {
-    s_.shape.tensor_cores = relpos_tensor_cores(s_.shape.dtype);
+    const bool tensor_cores = relpos_tensor_cores(s_.shape.dtype);
+    if (tensor_cores) relpos_use_tensor_cores(s_);
     q_ = on_device(in_[0]);
     k_ = on_device(in_[1]);
     v_ = on_device(in_[2]);
-    eq_ = to_device(s_.eq);
-    ek_ = to_device(s_.ek);
+    eq_ = tensor_cores ? to_device(s_.eq_half) : to_device(s_.eq);
+    ek_ = tensor_cores ? to_device(s_.ek_half) : to_device(s_.ek);
     eb_ = to_device(s_.eb);
     tiles_ = to_device(s_.tiles);
 }

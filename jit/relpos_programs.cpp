@@ -58,8 +58,11 @@ struct Program {
         q = b.buffer("q", e);
         k = b.buffer("k", e);
         v = b.buffer("v", e);
-        eq = b.buffer("eq", kir::Elem::f32);
-        ek = b.buffer("ek", kir::Elem::f32);
+        // Tensor cores read the relation tables in the data's type (the rounding their mma
+        // makes anyway), so their rows stage with 16-byte copies (relpos_half_tables).
+        const kir::Elem te = s.tensor_cores ? e : kir::Elem::f32;
+        eq = b.buffer("eq", te);
+        ek = b.buffer("ek", te);
         eb = b.buffer("eb", kir::Elem::f32);
         tiles = b.buffer("tiles", kir::Elem::i64);
     }
@@ -138,7 +141,7 @@ struct Program {
     // Scratch of `size` floats when `used`, else one.
     Expr sized(bool used, Expr size) const { return used ? size : Expr(1); }
     // A staged tile of rows x width elements (constants): with tensor cores in shared memory
-    // while the 96 KiB of a block last (the tiles read by every product first), in the data's
+    // while the 112 KiB of a block last (the tiles read by every product first), in the data's
     // type (staged values are the inputs' own, so nothing is rounded) and padded after every
     // row, so the fragments' ldmatrix rows meet no bank conflict; else f32 scratch.
     int staged(const char* name, std::int64_t rows, std::int64_t width) {
@@ -165,7 +168,7 @@ struct Program {
     Expr bias_lo, bias_at = Expr(std::int64_t(0));
     bool bias_prefetched = false;
     void take_bias_rows(std::int64_t copies = 1) {
-        if (!s.bias || s.aq || !s.tensor_cores) return;
+        if (!s.bias || (s.aq && !tile_projections) || !s.tensor_cores) return;
         bias_rows = small("Bt", copies * 2 * RelposShape::J);
         bias_prefetched = copies == 2 && b.decl(bias_rows).space == kir::Space::shared;
     }
@@ -198,7 +201,7 @@ struct Program {
     }
     // A row of `size` f32 values read element by element inside the key loop (the key pass's
     // lse and D, a tile pair's bias rows): shared memory with tensor cores while the block's
-    // 96 KiB last, else scratch.
+    // 112 KiB last, else scratch.
     int small(const char* name, std::int64_t size) {
         const std::int64_t bytes = (size * 4 + 63) / 64 * 64;
         if (s.tensor_cores && shared_bytes + bytes <= kir::kSharedBytes) {
@@ -206,6 +209,51 @@ struct Program {
             return b.shared(name, size);
         }
         return b.scratch(name, Expr(size));
+    }
+
+    // Relation projections per key tile on tensor cores (the tensor-core forward, unsaved
+    // shapes; project_tile): the tile pair's projections onto the rows it reaches, in shared
+    // memory, row w = u - klo of zq (zk) `zq_stride` (`zk_stride`) floats apart, and the bias
+    // read from its own staged rows. Otherwise w = u - qlo (klo) rows J apart, bias in zq.
+    bool tile_projections = false;
+    std::int64_t zq_stride = RelposShape::J, zk_stride = RelposShape::J;
+    // Rows a tile pair's projections hold: a pair reaches at most 2J - 1 rows.
+    static constexpr std::int64_t tile_rows = 2 * RelposShape::J;
+    // A tile of tile_rows projections, `stride` floats a row (w-major: C of the mma), in shared
+    // memory while the block's last, else scratch.
+    int projection_tile(const char* name, std::int64_t stride) {
+        const std::int64_t bytes = (tile_rows * stride * 4 + 63) / 64 * 64;
+        if (shared_bytes + bytes > kir::kSharedBytes) return b.scratch(name, tile_rows * stride);
+        shared_bytes += bytes;
+        return b.shared(name, tile_rows * stride);
+    }
+    // z[w * stride + r] = table row lo + w . row r of x (a staged [J][D] tile at x_at) for
+    // w < tile_rows (one half of J rows when `saturated`: every pair reads row lo) and r < J,
+    // on tensor cores, J table rows at a time staged in et ([J][D], the data's type, 16-byte
+    // copies; rows past the table read its last). Between the score reads of one tile pair
+    // and the next pair's products, the mma's barriers order them.
+    void project_tile(int z, std::int64_t stride, int et, int tab, int x, Expr x_at, Expr lo,
+                      Expr saturated) {
+        const auto J = RelposShape::J;
+        // 16-byte copies where et is a shared tile of the table's type (else element by element).
+        const bool copies = b.decl(et).elem == b.decl(tab).elem;
+        const std::int64_t n = copies ? 16 / kir::elem_bytes(b.decl(tab).elem) : 1;
+        b.loop(0, b.let(select(saturated, Expr(1), Expr(tile_rows / J)), "halves"), [&](Expr half) {
+            Expr w0 = b.let(half * J, "w0");
+            b.loop(
+                0, Expr(J * (s.D / n)),
+                [&](Expr v) {
+                    Expr e = v * n;
+                    Expr from = table(min(lo + w0 + e / Expr(s.D), U - 1), e % Expr(s.D));
+                    if (copies)
+                        b.copy16(et, e, tab, from);
+                    else
+                        b.store(et, e, b.load(tab, from));
+                },
+                Loop::threads);
+            b.mma({z, w0 * stride, stride, 1}, {et, 0, s.D, 1}, {x, x_at, 1, s.D}, J, J, s.D,
+                  precision(), false);
+        });
     }
 
     // The expanded row of offset delta.
@@ -478,16 +526,15 @@ struct Program {
     // saved projections of i and j.
     Expr score(Expr t, Expr qi, Expr kj, Expr u, int zq, Expr qlo, int zk, Expr klo, Expr i,
                Expr j) {
-        const auto J = RelposShape::J;
         if (s.aq)
-            t = t +
-                (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i))) : b.load(zq, (u - qlo) * J + qi));
-        else if (s.bias)
+            t = t + (s.saved ? b.load(zqs, saved_at(i, u, q_lo(i)))
+                             : b.load(zq, (u - qlo) * zq_stride + qi));
+        if (s.bias && (!s.aq || tile_projections))
             t = t +
                 (bias_rows >= 0 ? b.load(bias_rows, bias_at + u - bias_lo) : b.load(eb, h * U + u));
         if (s.ak)
-            t = t +
-                (s.saved ? b.load(zks, saved_at(j, u, k_lo(j))) : b.load(zk, (u - klo) * J + kj));
+            t = t + (s.saved ? b.load(zks, saved_at(j, u, k_lo(j)))
+                             : b.load(zk, (u - klo) * zk_stride + kj));
         return t * s.scale;
     }
 
@@ -618,7 +665,8 @@ struct Program {
         if (Vs >= 0) stage(Vs, v, j0, cols, s.Dv);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr klo = b.let(row(dmin), "klo");
-        if (projects_k()) project(ZK, KsT, ek, klo, row(dmax) - klo + 1, false);
+        if (projects_k() && !tile_projections)
+            project(ZK, KsT, ek, klo, row(dmax) - klo + 1, false);
         if (bias_prefetched) { // landed with the tile's K and V
             bias_lo = klo;
             bias_at = t % 2 * Expr(2 * J);
@@ -820,9 +868,11 @@ struct Program {
 // 16w .. 16w + 15, and the scores S, the output accumulator O and the row statistics are
 // fragments (registers on the GPU): S = Q K^T into S, the relation terms and masks element by
 // element, the row max and sum by quad shuffles, P = exp(S - m) in place, O += P V with S's
-// registers as the A operand. Memory inside the key loop: the staged K and V tiles (shared,
-// ldmatrix) and the relation projections or bias table. Rows and columns past the strip and
-// the tile read the last valid ones (in bounds) and are masked to -inf.
+// registers as the A operand. The relation projections of each tile pair are tensor-core
+// products too (project_tile: the strip's queries and the tile's keys onto the 2J rows the pair
+// reaches, into shared memory), so the key loop touches global memory only to stage K, V and
+// table rows (or, in saved shapes, to read the saved projections). Rows and columns past the
+// strip and the tile read the last valid ones (in bounds) and are masked to -inf.
 kir::Kernel flash_forward_program(const RelposShape& s) {
     Program p("relpos_forward", s);
     Builder& b = p.b;
@@ -831,15 +881,20 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     const kir::Elem e = elem_of(s.dtype);
     const int out = b.buffer("out", e), lse = b.buffer("lse", kir::Elem::f32);
     p.saved_buffers();
-    // Tiles staged row-major (16-byte copies); keys also transposed when they are projected.
+    // Shared memory, first come first served: the strip's queries, the projection tiles and
+    // the table rows they are made from, then K and V (double-buffered where that still fits:
+    // not with both projections). Strides 68 and 69: the score reads of zq (row r - c + const,
+    // column r) and zk (column c) meet no bank conflict (bench/results/gpu_static.md).
     const int Qs = p.staged("Qs", J, s.D);
-    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, true); // K and V, double-buffered
+    p.tile_projections = p.projects_q() || p.projects_k();
+    p.zq_stride = J + 4;
+    p.zk_stride = J + 5;
+    const int ZQ = p.projects_q() ? p.projection_tile("ZQt", p.zq_stride) : -1;
+    const int ZK = p.projects_k() ? p.projection_tile("ZKt", p.zk_stride) : -1;
+    const int Et = p.tile_projections ? p.staged("Et", J, s.D) : -1;
+    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, true);
     const int Ks = kv.a, Vs = kv.b;
-    const int KsT = p.projects_k() ? p.staged("KsT", s.D, J) : -1;
     p.take_bias_rows(kv.copies);
-    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
-    const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
-    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int S = b.fragment("S", J), O = b.fragment("O", s.Dv);
     // Per row: the running max M and sum L, the tile's max Mt and sum Lt (then O's rescale).
     const int M = b.fragment("M", 1), L = b.fragment("L", 1);
@@ -853,18 +908,16 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
         b.put(M, minus_inf);
         b.put(L, 0.0);
     });
-    Expr qlo = b.let(p.row(s.causal ? Expr(0) : i0 - n + 1), "qlo");
-    Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
-    if (p.projects_q()) {
-        p.stage_t(QsT, p.q, i0, rows, s.D);
-        p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
-    }
     Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
     p.stream(
         kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J),
         [&](Expr t) {
             const bool two = kv.copies == 2;
-            const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, KsT, two ? -1 : Vs, ZK);
+            const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, -1, two ? -1 : Vs, -1);
+            if (ZQ >= 0) p.project_tile(ZQ, p.zq_stride, Et, p.eq, Qs, 0, tile.klo, tile.saturated);
+            if (ZK >= 0)
+                p.project_tile(ZK, p.zk_stride, Et, p.ek, Ks, kv.at(t, s.D), tile.klo,
+                               tile.saturated);
             b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
             b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, kv.at(t, s.D), 1, s.D}, J, J, s.D,
                   p.precision());
@@ -873,7 +926,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
                 Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
                 Expr u = b.let(p.pair_row(i - j), "u");
                 Expr sc =
-                    p.masked(p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
+                    p.masked(p.score(b.here(S), ra, ca, u, ZQ, tile.klo, ZK, tile.klo, i, j), i, j);
                 b.put(S, select(r < rows && c < tile.cols, sc, Expr(minus_inf)));
             });
             b.row_reduce(Mt, S, kir::Reduce::max);

@@ -106,6 +106,18 @@ RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, cons
     return s;
 }
 
+void relpos_use_tensor_cores(RelposSetup& s) {
+    s.shape.tensor_cores = true;
+    const bool bf16 = s.shape.dtype == DType::bf16;
+    auto round = [&](const std::vector<float>& t, std::vector<std::uint16_t>& half) {
+        half.resize(t.size());
+        std::transform(t.begin(), t.end(), half.begin(),
+                       [&](float x) { return bf16 ? float_to_bf16(x) : float_to_half(x); });
+    };
+    round(s.eq, s.eq_half);
+    round(s.ek, s.ek_half);
+}
+
 std::vector<double> relpos_fold_table_grad(const float* expanded, const RelposSetup& s,
                                            std::int64_t width) {
     const std::int64_t R = s.cfg.map.rows();

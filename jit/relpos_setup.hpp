@@ -28,6 +28,9 @@ struct RelposSetup {
     // Head-major expansions [H][U][width] of the present tables (width D, D, 1); empty when
     // the table is absent.
     std::vector<float> eq, ek, eb;
+    // eq and ek rounded to the data's half type (16-bit patterns), which the tensor-core
+    // programs read instead (relpos_use_tensor_cores); empty otherwise.
+    std::vector<std::uint16_t> eq_half, ek_half;
     bool emulated = false; // the CPU tier's programs run through the GPU emulator (tests)
 
     std::int64_t strips() const { return std::int64_t(tiles.size() / 3); }
@@ -40,6 +43,10 @@ struct RelposSetup {
 // q, k, v, the present tables, and a trailing dO when `with_dO`.
 RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, const char* op,
                          bool with_dO);
+
+// Runs s's programs on tensor cores (RelposShape::tensor_cores; f16 and bf16 data): sets the
+// shape's flag and rounds eq and ek to the data's type, as those programs read them.
+void relpos_use_tensor_cores(RelposSetup& s);
 
 // How many backward instances (parts x heads) relpos_split_backward aims for: on the host a
 // fixed number, not the thread count, so the table gradients' summation order (one partial per

@@ -142,7 +142,8 @@ TEST(KernelIr, SameBitsOnAnyThreadCount) {
 
 // C(i, j) += sum_l round(A(i, l)) round(B(l, j)) through strided, offset views of a scratch
 // array (A column-major), a shared one (B with padded rows) and C, for every precision.
-kir::Kernel mma_views(std::int64_t m, std::int64_t n, std::int64_t k, kir::Precision p) {
+kir::Kernel mma_views(std::int64_t m, std::int64_t n, std::int64_t k, kir::Precision p,
+                      bool accumulate = true) {
     Builder b("mma_views");
     const int a_in = b.buffer("a_in", kir::Elem::f32), b_in = b.buffer("b_in", kir::Elem::f32),
               c_io = b.buffer("c_io", kir::Elem::f32);
@@ -151,7 +152,7 @@ kir::Kernel mma_views(std::int64_t m, std::int64_t n, std::int64_t k, kir::Preci
     b.loop(0, m * k, [&](Expr x) { b.store(A, 3 + x / k + x % k * m, b.load(a_in, x)); });
     b.loop(0, k * n, [&](Expr x) { b.store(B, x / n * (n + 1) + x % n, b.load(b_in, x)); });
     b.loop(0, m * n, [&](Expr x) { b.store(C, 2 + x, b.load(c_io, x)); });
-    b.mma({C, 2, n, 1}, {A, 3, 1, m}, {B, 0, n + 1, 1}, m, n, k, p);
+    b.mma({C, 2, n, 1}, {A, 3, 1, m}, {B, 0, n + 1, 1}, m, n, k, p, accumulate);
     b.loop(0, m * n, [&](Expr x) { b.store(c_io, x, b.load(C, 2 + x)); });
     return b.finish();
 }
@@ -163,28 +164,34 @@ TEST(KernelIr, MmaRoundsItsOperandsAndReadsThroughViews) {
     std::vector<float> a(std::size_t(m * k)), bm(std::size_t(k * n)), c0(std::size_t(m * n));
     for (auto* v : {&a, &bm, &c0})
         for (float& x : *v) x = dist(gen);
-    for (kir::Precision p : {kir::Precision::f32, kir::Precision::f16, kir::Precision::bf16}) {
-        auto round = [&](float x) {
-            return p == kir::Precision::f16    ? half_to_float(float_to_half(x))
-                   : p == kir::Precision::bf16 ? bf16_to_float(float_to_bf16(x))
-                                               : x;
-        };
-        auto kernel = jit::compile_kernel_cpu(mma_views(m, n, k, p));
-        std::vector<float> c = c0;
-        void* bufs[] = {a.data(), bm.data(), c.data()};
-        kernel->launch(1, bufs, {});
-        for (std::int64_t i = 0; i < m; ++i)
-            for (std::int64_t j = 0; j < n; ++j) {
-                double want = c0[std::size_t(i * n + j)];
-                for (std::int64_t l = 0; l < k; ++l)
-                    want += double(round(a[std::size_t(i * k + l)])) *
-                            double(round(bm[std::size_t(l * n + j)]));
-                EXPECT_NEAR(c[std::size_t(i * n + j)], want, 1e-5) << int(p) << " " << i << j;
-            }
-    }
+    // Without accumulating, C's old values (here NaN) are never read.
+    for (const bool accumulate : {true, false})
+        for (kir::Precision p : {kir::Precision::f32, kir::Precision::f16, kir::Precision::bf16}) {
+            auto round = [&](float x) {
+                return p == kir::Precision::f16    ? half_to_float(float_to_half(x))
+                       : p == kir::Precision::bf16 ? bf16_to_float(float_to_bf16(x))
+                                                   : x;
+            };
+            auto kernel = jit::compile_kernel_cpu(mma_views(m, n, k, p, accumulate));
+            std::vector<float> c = c0;
+            if (!accumulate) std::fill(c.begin(), c.end(), NAN);
+            void* bufs[] = {a.data(), bm.data(), c.data()};
+            kernel->launch(1, bufs, {});
+            for (std::int64_t i = 0; i < m; ++i)
+                for (std::int64_t j = 0; j < n; ++j) {
+                    double want = accumulate ? c0[std::size_t(i * n + j)] : 0.0;
+                    for (std::int64_t l = 0; l < k; ++l)
+                        want += double(round(a[std::size_t(i * k + l)])) *
+                                double(round(bm[std::size_t(l * n + j)]));
+                    EXPECT_NEAR(c[std::size_t(i * n + j)], want, 1e-5) << int(p) << " " << i << j;
+                }
+        }
     const std::string text = kir::print(mma_views(16, 8, 16, kir::Precision::f16));
     EXPECT_NE(text.find("shared B: f32[144]"), std::string::npos) << text;
     EXPECT_NE(text.find("mma.f16 16x8x16 C[2 + r 8 + c 1] += A["), std::string::npos) << text;
+    EXPECT_NE(kir::print(mma_views(16, 8, 16, kir::Precision::f16, false))
+                  .find("mma.f16 16x8x16 C[2 + r 8 + c 1] = A["),
+              std::string::npos);
     EXPECT_TRUE(kir::on_tensor_cores({{}, {}, {}, 16, 8, 16, kir::Precision::bf16}));
     EXPECT_FALSE(kir::on_tensor_cores({{}, {}, {}, 16, 8, 16, kir::Precision::f32}));
     EXPECT_FALSE(kir::on_tensor_cores({{}, {}, {}, 16, 4, 16, kir::Precision::f16}));
@@ -201,7 +208,7 @@ TEST(KernelIr, BuilderRejectsMisusedMmaAndSharedArrays) {
                      0, 4, [&](Expr) { mma(s, t); }, kir::Loop::threads),
                  Error);
     EXPECT_NO_THROW(mma(s, t));
-    EXPECT_THROW(b.shared("huge", 24 * 1024), Error); // past 96 KiB with t and u
+    EXPECT_THROW(b.shared("huge", 28 * 1024), Error); // past 112 KiB with t and u
     EXPECT_THROW(b.loop(
                      0, 4, [&](Expr) { b.await_copies(0); }, kir::Loop::threads),
                  Error); // a wait is the whole block's
@@ -344,7 +351,10 @@ TEST(KernelIr, FragmentMisuseIsAnError) {
                  Error); // a fragment B
     EXPECT_THROW(
         b.mma({f, 0, 16, 1}, {sh, 0, 16, 1}, {sh, 0, 16, 1}, 64, 16, 16, kir::Precision::f32),
-        Error);                                                              // not on tensor cores
+        Error); // not on tensor cores
+    EXPECT_THROW(b.mma({f, 0, 16, 1}, {sh, 0, 16, 1}, {sh, 0, 16, 1}, 64, 16, 16,
+                       kir::Precision::f16, false),
+                 Error);                                                     // C = A B into one
     b.each(f, [&](Expr r, Expr c) { b.put(f, b.here(v) + to_f32(r + c)); }); // fine
     b.mma({f, 0, 16, 1}, {sh, 0, 16, 1}, {sh, 0, 16, 1}, 64, 16, 16, kir::Precision::f16);
     EXPECT_NO_THROW(b.finish());
