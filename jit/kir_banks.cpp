@@ -50,6 +50,10 @@ class Analysis {
                 const Value lo = eval(spread_lo_);
                 return lo ? Value(*lo + lane_) : std::nullopt;
             }
+            // Inside an each: warp 0's first element slot, lane 4g + t at row g, column 2t
+            // (the mma accumulator's layout, jit/kir_nvptx.cpp).
+            if (n.i == each_row_) return lane_ / 4;
+            if (n.i == each_col_) return each_cols_ == 1 ? 0 : lane_ % 4 * 2;
             if (auto it = defs_.find(n.i); it != defs_.end()) return eval(it->second);
             return std::nullopt;
         case Op::var:
@@ -229,8 +233,12 @@ class Analysis {
             case Stmt::Kind::mma:
                 mma(*s.mma);
                 break;
-            case Stmt::Kind::each: // fragments are registers; shared accesses in it: not listed
-                walk(s.body, spread);
+            case Stmt::Kind::each: // the shared loads of each element, lanes as the fragment's
+                each_row_ = s.a.node().i;
+                each_col_ = s.b.node().i;
+                each_cols_ = kir::fragment_cols(k_.buffers[std::size_t(s.id)]);
+                walk(s.body, true);
+                each_row_ = each_col_ = -1;
                 break;
             case Stmt::Kind::put:
                 scan(s.a, spread, seen);
@@ -260,6 +268,7 @@ class Analysis {
     const GlobalValue& global_;
     std::map<std::int64_t, Expr> defs_, vars_; // let (and serial loop index) and var values
     std::int64_t spread_ = -1;                 // the distributed threads loop's index
+    std::int64_t each_row_ = -1, each_col_ = -1, each_cols_ = 0; // the open each's lets
     Expr spread_lo_;
     int lane_ = 0;
     std::unordered_map<const Node*, Value> memo_;

@@ -152,17 +152,21 @@ def per_iteration(body, key, instrs, hmma_needed):
 
 
 # Tile products per (strip, key tile) iteration on tensor cores, each 64 x 64 x 64: the
-# forward's S = Q K^T and P V; the query pass's S, dP and dQ; the key pass's S, dP, dV and dK.
+# forward's S = Q K^T and P V, and per relation table its projections of the pair's 2 x 64
+# reachable rows (two products: jit/relpos_programs.cpp's project_tile); the query pass's S,
+# dP and dQ; the key pass's S, dP, dV and dK.
 PRODUCTS = {"forward": 2, "query_grad": 3, "key_grad": 4}
+PROJECTION_PRODUCTS = {"forward": 2}
 # Memory instructions: one warp instruction per clock per SM through the load/store unit
 # (128 bytes a clock of L1/shared bandwidth: a warp's 32-bit access, conflict-free).
 MEMORY = ["LDSM", "LDGSTS", "LDG", "STG", "LD", "ST", "LDS", "STS", "LDL", "STL"]
 
 
-def hmma_per_warp(pas):
+def hmma_per_warp(pas, mp):
     """HMMAs (m16n8k16: 4096 FLOPs) a warp issues per key-loop iteration: the pass's tile
     products of 64 x 64 x 64 shared by the block's warps."""
-    return PRODUCTS.get(pas, 0) * 64 ** 3 * 2 // 4096 // (BLOCK // 32)
+    products = PRODUCTS.get(pas, 0) + PROJECTION_PRODUCTS.get(pas, 0) * PROJECTIONS.get(mp, 0)
+    return products * 64 ** 3 * 2 // 4096 // (BLOCK // 32)
 
 
 def occupancy(r, arch):
@@ -206,7 +210,7 @@ def relpos_model(row, key_loop, blocks_per_sm):
     sms = min(SMS, resident)
     issue_rate = sms * min(4, warps * max(1, resident // sms)) * CLOCK  # warp-instr / s
     dynamic = key_loop["per_iteration"]
-    hmma = hmma_per_warp(row["pass"])
+    hmma = hmma_per_warp(row["pass"], row["map"])
     per_warp = dynamic["total"]
     t_issue = iterations * warps * per_warp / issue_rate
     t_tensor = iterations * warps * hmma * 4096 / (TENSOR_PEAK * sms / SMS)
@@ -236,7 +240,7 @@ def main(ptxdir, cuobjdump, commit, out_md, out_jsonl):
         if kl:
             (lo, hi), depth = kl
             body = [i for i in instrs if lo <= i[0] <= hi]
-            dynamic, trips = per_iteration(body, (lo, hi), instrs, hmma_per_warp(pas))
+            dynamic, trips = per_iteration(body, (lo, hi), instrs, hmma_per_warp(pas, mp))
             r["key_loop"] = {"depth": depth, "bytes": hi - lo + 16, "sass": count(body),
                              "per_iteration": dynamic, "mma_trips": trips}
         r["blocks_per_sm"], r["occupancy"] = occupancy(r, arch)
@@ -413,10 +417,13 @@ def model_section(rows):
       "ptxas's registers and shared memory; an SM issues at most one warp instruction per "
       "scheduler (4) per clock and a warp at most one per clock, with no stalls (memory "
       "latency, barriers, dependent HMMA) at all.")
-    w("- Instructions per iteration per warp: the key loop's SASS, with the backward passes' "
-      "halves loop (an inner loop holding other loops with HMMAs) run twice, the innermost "
+    w("- Instructions per iteration per warp: the key loop's SASS, with the halves loops (an "
+      "inner loop holding other loops with HMMAs: the backward passes' halves of a tile pair, "
+      "the forward's two 64-row halves of a projection) run twice, the innermost "
       "loops that hold HMMAs (an mma's loop over the warp's 16 x 8 C tiles) run as often as "
-      "the tile products need (64 x 64 x 64 each: 2 in the forward, 3 in the query pass, 4 in "
+      "the tile products need (64 x 64 x 64 each: 2 in the forward plus 2 per relation table "
+      "projected (the pair's 128 reachable rows, never saturated when the tables are "
+      "unbounded), 3 in the query pass, 4 in "
       "the key pass, 32 HMMA per warp each), every other inner loop (staging, softmax, "
       "projections) counted once: an undercount. All four warps execute it; time = max(issue time, tensor "
       "time of the HMMAs at peak on the SMs in use, load/store-unit time at one memory warp "

@@ -291,6 +291,24 @@ TEST(KernelIr, BankConflictsFollowTheLoweringsAddressing) {
     EXPECT_EQ(degrees(kernel(72, 1), "store"), std::vector<int>{1});
 }
 
+// Shared loads inside an each: lane 4g + t holds the fragment's element (g, 2t), so a read
+// of x[(r - c + 63) stride + r] (the tensor-core forward's query projections by offset) asks
+// lane (g, t) for word (stride + 1) g - 2t stride + const: with stride 64, banks g - 0 only
+// (4-way); with stride 68, 5g - 8t, 32 distinct banks (1-way).
+TEST(KernelIr, BankConflictsOfFragmentElementReads) {
+    auto degree = [](std::int64_t stride) {
+        Builder b("each_reads");
+        const int x = b.shared("x", 128 * stride), f = b.fragment("f", 64);
+        b.each(f, [&](Expr r, Expr c) { b.put(f, b.load(x, (r - c + 63) * stride + r)); });
+        std::vector<int> d;
+        for (const auto& a : jit::kir_bank_conflicts(b.finish(), {}, {}))
+            if (a.kind == "load") d.push_back(a.degree);
+        return d;
+    };
+    EXPECT_EQ(degree(64), std::vector<int>{4});
+    EXPECT_EQ(degree(68), std::vector<int>{1});
+}
+
 // ldmatrix fragments (kir::fragment_load): each 8 x 8 matrix is one pass of 8 lanes' 16-byte
 // rows. A 64-wide f16 tile puts its rows 128 bytes apart, all 8 in the same 4 banks: 8-way;
 // padded by 16 bytes a row (BufferDecl::row), the rows start 36 words apart, 4 banks each,
