@@ -670,6 +670,11 @@ struct Program {
         if (bias_prefetched) { // landed with the tile's K and V
             bias_lo = klo;
             bias_at = t % 2 * Expr(2 * J);
+        } else if (bias_rows >= 0 && b.decl(bias_rows).space == kir::Space::shared) {
+            // With 4-byte cp.async, so the key loop reads global memory through staging alone
+            // (no copies are in flight here: the tile is not streamed).
+            stage_bias(klo, row(dmax) - klo + 1, true);
+            b.await_copies(0);
         } else {
             stage_bias(klo, row(dmax) - klo + 1);
         }
