@@ -4,7 +4,8 @@
 //
 // Every map is expanded to 2 Delta + 1 per-offset rows u = clamp(i - j, -Delta, Delta) + Delta
 // (the paper's bucket expansion; identity maps have Delta = L - 1 and never saturate), so the
-// programs see one kind of map: tables eq, ek [H][U][D] and eb [H][U] in f32. A forward
+// programs see one kind of map: tables eq, ek [H][U][D] and eb [H][U] in f32 (eq and ek in the
+// data's half type on tensor cores: relpos_use_tensor_cores). A forward
 // instance owns a strip of G tokens of one sample and one head (tile list entry
 // (offset, length, start), instance = tile * H + head), a backward instance a run of such strips
 // (a part), and each loops over the other side in tiles of J. A strip's queries (keys) reach the
@@ -32,7 +33,8 @@ struct RelposShape {
     // P V, and the backward's dQ += dS K, dV += P^T dO, dK += dS^T Q. Operands are rounded to
     // the data's type: exact for the inputs, and for P and dS the rounding FlashAttention
     // makes. The strip G must be a multiple of 16 (it is J). Off for the CPU, whose FMA loops
-    // are faster than emulated tiles. (Relation projections and table folds stay FMAs.)
+    // are faster than emulated tiles. The forward projects each tile pair's relation rows on
+    // tensor cores too; the backward's projections and table folds stay FMAs.
     bool tensor_cores = false;
     static constexpr std::int64_t J = 64; // the inner tile
 };

@@ -19,11 +19,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <string>
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        std::cerr << "usage: rag_gpu_kernels OUTDIR\n";
-        return 2;
+    // An option is not a directory name (`--help` once made a directory of that name).
+    if (argc != 2 || argv[1][0] == '-') {
+        std::cerr << "usage: rag_gpu_kernels OUTDIR\n"
+                     "writes every report kernel's PTX, manifest.tsv and banks.tsv into OUTDIR\n";
+        return argc == 2 && std::string(argv[1]) == "--help" ? 0 : 2;
     }
     namespace fs = std::filesystem;
     const fs::path dir = argv[1];
