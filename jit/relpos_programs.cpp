@@ -141,7 +141,7 @@ struct Program {
     // Scratch of `size` floats when `used`, else one.
     Expr sized(bool used, Expr size) const { return used ? size : Expr(1); }
     // A staged tile of rows x width elements (constants): with tensor cores in shared memory
-    // while the 112 KiB of a block last (the tiles read by every product first), in the data's
+    // while the 120 KiB of a block last (the tiles read by every product first), in the data's
     // type (staged values are the inputs' own, so nothing is rounded) and padded after every
     // row, so the fragments' ldmatrix rows meet no bank conflict; else f32 scratch.
     int staged(const char* name, std::int64_t rows, std::int64_t width) {
@@ -201,7 +201,7 @@ struct Program {
     }
     // A row of `size` f32 values read element by element inside the key loop (the key pass's
     // lse and D, a tile pair's bias rows): shared memory with tensor cores while the block's
-    // 112 KiB last, else scratch.
+    // 120 KiB last, else scratch.
     int small(const char* name, std::int64_t size) {
         const std::int64_t bytes = (size * 4 + 63) / 64 * 64;
         if (s.tensor_cores && shared_bytes + bytes <= kir::kSharedBytes) {
@@ -254,6 +254,32 @@ struct Program {
             b.mma({z, w0 * stride, stride, 1}, {et, 0, s.D, 1}, {x, x_at, 1, s.D}, J, J, s.D,
                   precision(), false);
         });
+    }
+
+    // A tensor-core pass's tile projections (unsaved shapes with relation tables): the shared
+    // tiles of the query and key projections (-1: that table is absent) and the table rows'
+    // half tile. The strides are the pass's: its score reads by offset meet no bank conflict
+    // in the layout of its fragments (rows queries or keys).
+    struct TileProjections {
+        int zq = -1, zk = -1, et = -1;
+    };
+    TileProjections take_tile_projections(std::int64_t query_stride, std::int64_t key_stride) {
+        TileProjections t;
+        tile_projections = projects_q() || projects_k();
+        if (!tile_projections) return t;
+        zq_stride = query_stride;
+        zk_stride = key_stride;
+        if (projects_q()) t.zq = projection_tile("ZQt", zq_stride);
+        if (projects_k()) t.zk = projection_tile("ZKt", zk_stride);
+        t.et = staged("Et", RelposShape::J, s.D);
+        return t;
+    }
+    // A tile pair's projections onto the rows from lo: queries of xq and keys of xk (staged
+    // [J][D] tiles at xq_at, xk_at).
+    void project_pair(const TileProjections& t, int xq, Expr xq_at, int xk, Expr xk_at, Expr lo,
+                      Expr saturated) {
+        if (t.zq >= 0) project_tile(t.zq, zq_stride, t.et, eq, xq, xq_at, lo, saturated);
+        if (t.zk >= 0) project_tile(t.zk, zk_stride, t.et, ek, xk, xk_at, lo, saturated);
     }
 
     // The expanded row of offset delta.
@@ -623,7 +649,7 @@ struct Program {
         Expr rows = b.let(min(Expr(RelposShape::J), n - i0), "rows");
         if (t.Qt >= 0) stage(t.Qt, q, i0, rows, s.D);
         if (t.dOt >= 0) stage(t.dOt, dO, i0, rows, s.Dv);
-        if (projects_q()) stage_t(t.QtT, q, i0, rows, s.D);
+        if (projects_q() && !tile_projections) stage_t(t.QtT, q, i0, rows, s.D);
         // The rows' lse and D (and the bias rows) with 4-byte cp.async where they are in shared
         // memory, so the key loop reads global memory only through async staging.
         const bool async =
@@ -643,7 +669,8 @@ struct Program {
             Loop::threads);
         Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
         Expr qlo = b.let(row(dmin), "qlo");
-        if (projects_q()) project(t.ZQ, t.QtT, eq, qlo, row(dmax) - qlo + 1, s.bias);
+        if (projects_q() && !tile_projections)
+            project(t.ZQ, t.QtT, eq, qlo, row(dmax) - qlo + 1, s.bias);
         stage_bias(qlo, row(dmax) - qlo + 1, async);
         if (async) b.await_copies(0);
         return {i0, rows, qlo, dmin, dmax};
@@ -891,12 +918,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     // not with both projections). Strides 68 and 69: the score reads of zq (row r - c + const,
     // column r) and zk (column c) meet no bank conflict (bench/results/gpu_static.md).
     const int Qs = p.staged("Qs", J, s.D);
-    p.tile_projections = p.projects_q() || p.projects_k();
-    p.zq_stride = J + 4;
-    p.zk_stride = J + 5;
-    const int ZQ = p.projects_q() ? p.projection_tile("ZQt", p.zq_stride) : -1;
-    const int ZK = p.projects_k() ? p.projection_tile("ZKt", p.zk_stride) : -1;
-    const int Et = p.tile_projections ? p.staged("Et", J, s.D) : -1;
+    const auto tp = p.take_tile_projections(J + 4, J + 5);
     const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, true);
     const int Ks = kv.a, Vs = kv.b;
     p.take_bias_rows(kv.copies);
@@ -919,10 +941,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
         [&](Expr t) {
             const bool two = kv.copies == 2;
             const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, -1, two ? -1 : Vs, -1);
-            if (ZQ >= 0) p.project_tile(ZQ, p.zq_stride, Et, p.eq, Qs, 0, tile.klo, tile.saturated);
-            if (ZK >= 0)
-                p.project_tile(ZK, p.zk_stride, Et, p.ek, Ks, kv.at(t, s.D), tile.klo,
-                               tile.saturated);
+            p.project_pair(tp, Qs, 0, Ks, kv.at(t, s.D), tile.klo, tile.saturated);
             b.each(S, [&](Expr, Expr) { b.put(S, 0.0); });
             b.mma({S, 0, J, 1}, {Qs, 0, s.D, 1}, {Ks, kv.at(t, s.D), 1, s.D}, J, J, s.D,
                   p.precision());
@@ -930,8 +949,8 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
                 Expr ra = b.let(min(r, rows - 1), "ra"), ca = b.let(min(c, tile.cols - 1), "ca");
                 Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
                 Expr u = b.let(p.pair_row(i - j), "u");
-                Expr sc =
-                    p.masked(p.score(b.here(S), ra, ca, u, ZQ, tile.klo, ZK, tile.klo, i, j), i, j);
+                Expr sc = p.masked(
+                    p.score(b.here(S), ra, ca, u, tp.zq, tile.klo, tp.zk, tile.klo, i, j), i, j);
                 b.put(S, select(r < rows && c < tile.cols, sc, Expr(minus_inf)));
             });
             b.row_reduce(Mt, S, kir::Reduce::max);
@@ -1174,14 +1193,11 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
     const bool by_row = s.aq || s.bias; // whether dZQ is needed
     const auto [dO, out, lse, dq, delta, zq_part, zb_part, range] = p.query_grad_globals();
     const int Qs = p.staged("Qs", J, s.D), dOs = p.staged("dOs", J, s.Dv);
+    const auto tp = p.take_tile_projections(J + 4, J + 5); // rows: queries, as the forward's
     const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, false);
     const int Ks = kv.a, Vs = kv.b;
     p.take_bias_rows();
-    const int QsT = b.scratch("QsT", p.sized(p.projects_q(), Expr(J * s.D)));
-    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
-    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.W) * J));
-    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.WJ) * J));
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dSx = b.scratch("dSx", by_row ? Expr(J * J) : Expr(1)); // [query][key]
     const int dQx = b.scratch("dQx", p.G * s.D);
@@ -1196,7 +1212,6 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
         Expr wq = b.let(p.row(i0 + rows - 1) - qlo + 1, "wq");
         p.stage(Qs, p.q, i0, rows, s.D);
         p.stage(dOs, dO, i0, rows, s.Dv);
-        if (p.projects_q()) p.stage_t(QsT, p.q, i0, rows, s.D);
         b.loop(
             0, rows,
             [&](Expr g) {
@@ -1213,12 +1228,11 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
             b.put(Dv, b.load(Dg, ra));
         });
         b.each(dQ, [&](Expr, Expr) { b.put(dQ, 0.0); });
-        if (p.projects_q()) p.project(ZQ, QsT, p.eq, qlo, wq, s.bias);
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
         p.stream(kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J), [&](Expr t) {
             const bool two = kv.copies == 2;
-            const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks,
-                                         p.projects_k() ? KsT : -1, two ? -1 : Vs, ZK);
+            const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, -1, two ? -1 : Vs, -1);
+            p.project_pair(tp, Qs, 0, Ks, kv.at(t, s.D), tile.klo, tile.saturated);
             // The tile's keys in halves (as the key pass does its queries): S and dP of a half
             // are 16 registers a thread each beside dQ's 32.
             p.halves({S, Qs, Ks, s.D, kv.at(t, s.D)}, {dP, dOs, Vs, s.Dv, kv.at(t, s.Dv)},
@@ -1230,8 +1244,9 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
                                   ca = b.let(min(c, tile.cols - 1), "ca");
                              Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
                              Expr u = b.let(p.pair_row(i - j), "u");
-                             Expr sc = p.masked(
-                                 p.score(b.here(S), ra, ca, u, ZQ, qlo, ZK, tile.klo, i, j), i, j);
+                             Expr sc = p.masked(p.score(b.here(S), ra, ca, u, tp.zq, tile.klo,
+                                                        tp.zk, tile.klo, i, j),
+                                                i, j);
                              Expr pr = b.let(
                                  select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)),
                                  "p");
@@ -1342,12 +1357,9 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const auto J = RelposShape::J;
     const auto [dO, lse, delta, dk, dv, zk_part, range] = p.key_grad_globals();
     const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
+    const auto tp = p.take_tile_projections(J + 3, J + 4); // rows: keys
     const auto qd = p.streamed("Qt", s.D, "dOt", s.Dv, false);
     const int Qt = qd.a, dOt = qd.b;
-    const int KsT = b.scratch("KsT", p.sized(p.projects_k(), Expr(J * s.D)));
-    const int QtT = b.scratch("QtT", p.sized(p.projects_q(), Expr(J * s.D)));
-    const int ZK = b.scratch("ZK", p.sized(p.projects_k(), p.padded(p.W) * J));
-    const int ZQ = b.scratch("ZQ", p.sized(p.projects_q(), p.padded(p.WJ) * J));
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dSx = b.scratch("dSx", s.ak ? Expr(J * J) : Expr(1)); // [key][query]
     const int dKx = b.scratch("dKx", p.G * s.D);
@@ -1364,7 +1376,6 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
         Expr wk = b.let(p.row(n - 1 - j0) - klo + 1, "wk");
         p.stage(Ks, p.k, j0, cols, s.D);
         p.stage(Vs, p.v, j0, cols, s.Dv);
-        if (p.projects_k()) p.stage_t(KsT, p.k, j0, cols, s.D);
         if (s.ak)
             b.loop(
                 0, cols,
@@ -1372,13 +1383,14 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
                 Loop::threads);
         b.each(dK, [&](Expr, Expr) { b.put(dK, 0.0); });
         b.each(dV, [&](Expr, Expr) { b.put(dV, 0.0); });
-        if (p.projects_k()) p.project(ZK, KsT, p.ek, klo, wk, false);
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         p.stream(qd, p.q, dO, first, n, kir::ceil_div(n - first, J), [&](Expr t) {
             const bool two = qd.copies == 2;
             const auto [i0, rows, qlo, dmin, dmax] =
                 p.query_tile(first + t * J, j0, cols,
-                             {two ? -1 : Qt, two ? -1 : dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
+                             {two ? -1 : Qt, two ? -1 : dOt, -1, Lt, Dt, -1}, dO, lse, delta);
+            p.project_pair(tp, Qt, qd.at(t, s.D), Ks, 0, qlo,
+                           b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated"));
             // The tile's queries in halves: P^T and dS^T of a half are 16 registers a thread
             // each rather than 32, beside dK and dV's 64 (a whole tile spilled).
             p.halves(
@@ -1389,8 +1401,8 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
                         Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
                         Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
                         Expr u = b.let(p.pair_row(i - j), "u");
-                        Expr sc =
-                            p.masked(p.score(b.here(P), ca, ra, u, ZQ, qlo, ZK, klo, i, j), i, j);
+                        Expr sc = p.masked(
+                            p.score(b.here(P), ca, ra, u, tp.zq, qlo, tp.zk, qlo, i, j), i, j);
                         Expr pr = b.let(
                             select(r < cols && c < rows, exp(sc - b.load(Lt, ca)), Expr(0.0)), "p");
                         b.put(P, pr);

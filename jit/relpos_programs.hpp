@@ -33,8 +33,8 @@ struct RelposShape {
     // P V, and the backward's dQ += dS K, dV += P^T dO, dK += dS^T Q. Operands are rounded to
     // the data's type: exact for the inputs, and for P and dS the rounding FlashAttention
     // makes. The strip G must be a multiple of 16 (it is J). Off for the CPU, whose FMA loops
-    // are faster than emulated tiles. The forward projects each tile pair's relation rows on
-    // tensor cores too; the backward's projections and table folds stay FMAs.
+    // are faster than emulated tiles. Every pass projects each tile pair's relation rows on
+    // tensor cores too; the backward's table folds stay FMAs.
     bool tensor_cores = false;
     static constexpr std::int64_t J = 64; // the inner tile
 };

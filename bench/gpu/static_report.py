@@ -152,11 +152,11 @@ def per_iteration(body, key, instrs, hmma_needed):
 
 
 # Tile products per (strip, key tile) iteration on tensor cores, each 64 x 64 x 64: the
-# forward's S = Q K^T and P V, and per relation table its projections of the pair's 2 x 64
-# reachable rows (two products: jit/relpos_programs.cpp's project_tile); the query pass's S,
-# dP and dQ; the key pass's S, dP, dV and dK.
+# forward's S = Q K^T and P V; the query pass's S, dP and dQ; the key pass's S, dP, dV and dK;
+# and in every pass, per relation table, its projections of the pair's 2 x 64 reachable rows
+# (two products: jit/relpos_programs.cpp's project_tile).
 PRODUCTS = {"forward": 2, "query_grad": 3, "key_grad": 4}
-PROJECTION_PRODUCTS = {"forward": 2}
+PROJECTION_PRODUCTS = {"forward": 2, "query_grad": 2, "key_grad": 2}
 # Memory instructions: one warp instruction per clock per SM through the load/store unit
 # (128 bytes a clock of L1/shared bandwidth: a warp's 32-bit access, conflict-free).
 MEMORY = ["LDSM", "LDGSTS", "LDG", "STG", "LD", "ST", "LDS", "STS", "LDL", "STL"]
@@ -421,10 +421,9 @@ def model_section(rows):
       "inner loop holding other loops with HMMAs: the backward passes' halves of a tile pair, "
       "the forward's two 64-row halves of a projection) run twice, the innermost "
       "loops that hold HMMAs (an mma's loop over the warp's 16 x 8 C tiles) run as often as "
-      "the tile products need (64 x 64 x 64 each: 2 in the forward plus 2 per relation table "
-      "projected (the pair's 128 reachable rows, never saturated when the tables are "
-      "unbounded), 3 in the query pass, 4 in "
-      "the key pass, 32 HMMA per warp each), every other inner loop (staging, softmax, "
+      "the tile products need (64 x 64 x 64 each: 2 in the forward, 3 in the query pass, 4 in "
+      "the key pass, plus in each 2 per relation table projected (the pair's 128 reachable "
+      "rows, never saturated when the tables are unbounded), 32 HMMA per warp each), every other inner loop (staging, softmax, "
       "projections) counted once: an undercount. All four warps execute it; time = max(issue time, tensor "
       "time of the HMMAs at peak on the SMs in use, load/store-unit time at one memory warp "
       "instruction per clock per SM, i.e. 128 B/clock: every access an L1 hit without bank "
