@@ -9,7 +9,7 @@
 //   - global buffers of a storage element type (loads widen to f32 or i64, stores narrow),
 //   - scratch arrays: f32 per program instance, their size an expression of the parameters,
 //   - shared arrays per program instance of a constant size, f32 or a half type (a GPU
-//     block's shared memory, 120 KiB in all, dynamic past 48; scratch like any other on the CPU):
+//     block's shared memory, 113 KiB in all, dynamic past 48; scratch like any other on the CPU):
 //     loads widen and stores round, as for global buffers,
 //   - immutable lets, mutable scalar variables, stores, counted loops and conditionals,
 //   - matrix multiply-accumulates over scratch or shared tiles (`mma`): tensor cores on the GPU,
@@ -191,11 +191,12 @@ struct BufferDecl {
 
 // The most shared memory one program instance may declare. Past kStaticSharedBytes, the GPU's
 // static limit per block, the NVPTX lowering places the arrays in dynamic shared memory, which
-// the launch asks for (sm_80 allows 163 KiB a block, sm_90 227 KiB). 120 KiB holds the largest
-// tile program at d = 64 (114 KiB: a backward pass with both relation projection tiles), one
-// block an SM; up to 113 KiB an H100's 228 KiB takes two (1 KiB reserved a block).
+// the launch asks for (sm_80 allows 163 KiB a block, sm_90 227 KiB). 113 KiB: an H100's or
+// H200's 228 KiB then holds two blocks (1 KiB reserved a block), as many as the tile programs'
+// registers allow; the largest at d = 64 takes 110 KiB (a backward pass with both relation
+// projection tiles).
 inline constexpr std::int64_t kStaticSharedBytes = 48 * 1024;
-inline constexpr std::int64_t kSharedBytes = 120 * 1024;
+inline constexpr std::int64_t kSharedBytes = 113 * 1024;
 
 struct Kernel {
     std::string name;

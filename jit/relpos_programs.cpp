@@ -141,7 +141,7 @@ struct Program {
     // Scratch of `size` floats when `used`, else one.
     Expr sized(bool used, Expr size) const { return used ? size : Expr(1); }
     // A staged tile of rows x width elements (constants): with tensor cores in shared memory
-    // while the 120 KiB of a block last (the tiles read by every product first), in the data's
+    // while the 113 KiB of a block last (the tiles read by every product first), in the data's
     // type (staged values are the inputs' own, so nothing is rounded) and padded after every
     // row, so the fragments' ldmatrix rows meet no bank conflict; else f32 scratch.
     int staged(const char* name, std::int64_t rows, std::int64_t width) {
@@ -201,7 +201,7 @@ struct Program {
     }
     // A row of `size` f32 values read element by element inside the key loop (the key pass's
     // lse and D, a tile pair's bias rows): shared memory with tensor cores while the block's
-    // 120 KiB last, else scratch.
+    // 113 KiB last, else scratch.
     int small(const char* name, std::int64_t size) {
         const std::int64_t bytes = (size * 4 + 63) / 64 * 64;
         if (s.tensor_cores && shared_bytes + bytes <= kir::kSharedBytes) {
@@ -229,32 +229,41 @@ struct Program {
     }
     // z[w * stride + r] = table row lo + w . row r of x (a staged [J][D] tile at x_at) for
     // w < tile_rows (one half of J rows when `saturated`: every pair reads row lo) and r < J,
-    // on tensor cores, J table rows at a time staged in et ([J][D], the data's type, 16-byte
-    // copies; rows past the table read its last). Between the score reads of one tile pair
-    // and the next pair's products, the mma's barriers order them.
+    // on tensor cores, table_rows table rows at a time staged in et ([table_rows][D], the
+    // data's type, 16-byte copies; rows past the table read its last). Between the score reads
+    // of one tile pair and the next pair's products, the mma's barriers order them. A half's
+    // two stagings are written out, so the loop over halves holds two mma loops, the shape
+    // the static report's model reads (bench/gpu/static_report.py).
     void project_tile(int z, std::int64_t stride, int et, int tab, int x, Expr x_at, Expr lo,
                       Expr saturated) {
         const auto J = RelposShape::J;
+        static_assert(J % table_rows == 0 && J / table_rows == 2);
         // 16-byte copies where et is a shared tile of the table's type (else element by element).
         const bool copies = b.decl(et).elem == b.decl(tab).elem;
         const std::int64_t n = copies ? 16 / kir::elem_bytes(b.decl(tab).elem) : 1;
         b.loop(0, b.let(select(saturated, Expr(1), Expr(tile_rows / J)), "halves"), [&](Expr half) {
-            Expr w0 = b.let(half * J, "w0");
-            b.loop(
-                0, Expr(J * (s.D / n)),
-                [&](Expr v) {
-                    Expr e = v * n;
-                    Expr from = table(min(lo + w0 + e / Expr(s.D), U - 1), e % Expr(s.D));
-                    if (copies)
-                        b.copy16(et, e, tab, from);
-                    else
-                        b.store(et, e, b.load(tab, from));
-                },
-                Loop::threads);
-            b.mma({z, w0 * stride, stride, 1}, {et, 0, s.D, 1}, {x, x_at, 1, s.D}, J, J, s.D,
-                  precision(), false);
+            for (std::int64_t part = 0; part < J / table_rows; ++part) {
+                Expr w0 = b.let(half * J + part * table_rows, "w0");
+                b.loop(
+                    0, Expr(table_rows * (s.D / n)),
+                    [&](Expr v) {
+                        Expr e = v * n;
+                        Expr from = table(min(lo + w0 + e / Expr(s.D), U - 1), e % Expr(s.D));
+                        if (copies)
+                            b.copy16(et, e, tab, from);
+                        else
+                            b.store(et, e, b.load(tab, from));
+                    },
+                    Loop::threads);
+                b.mma({z, w0 * stride, stride, 1}, {et, 0, s.D, 1}, {x, x_at, 1, s.D}, table_rows,
+                      J, s.D, precision(), false);
+            }
         });
     }
+    // The table rows project_tile stages at a time: half a tile's, so that a backward pass's
+    // four staged tiles, both projection tiles and these fit two blocks in an H100's shared
+    // memory (113 KiB each).
+    static constexpr std::int64_t table_rows = RelposShape::J / 2;
 
     // A tensor-core pass's tile projections (unsaved shapes with relation tables): the shared
     // tiles of the query and key projections (-1: that table is absent) and the table rows'
@@ -271,7 +280,7 @@ struct Program {
         zk_stride = key_stride;
         if (projects_q()) t.zq = projection_tile("ZQt", zq_stride);
         if (projects_k()) t.zk = projection_tile("ZKt", zk_stride);
-        t.et = staged("Et", RelposShape::J, s.D);
+        t.et = staged("Et", table_rows, s.D);
         return t;
     }
     // A tile pair's projections onto the rows from lo: queries of xq and keys of xk (staged

@@ -208,7 +208,7 @@ TEST(KernelIr, BuilderRejectsMisusedMmaAndSharedArrays) {
                      0, 4, [&](Expr) { mma(s, t); }, kir::Loop::threads),
                  Error);
     EXPECT_NO_THROW(mma(s, t));
-    EXPECT_THROW(b.shared("huge", 30 * 1024), Error); // past 120 KiB with t and u
+    EXPECT_THROW(b.shared("huge", 113 * 256), Error); // past 113 KiB with t and u
     EXPECT_THROW(b.loop(
                      0, 4, [&](Expr) { b.await_copies(0); }, kir::Loop::threads),
                  Error); // a wait is the whole block's
