@@ -1737,6 +1737,8 @@ kir::Kernel relpos_table_reduce_program() {
 
 RelposFlops relpos_executed_flops(const RelposShape& s, const std::vector<std::int64_t>& lengths,
                                   std::int64_t H, std::int64_t Delta) {
+    // The tensor-core programs project per tile pair (project_tile): another schedule.
+    if (s.tensor_cores) fail("internal: relpos_executed_flops counts the host's programs");
     const std::int64_t J = RelposShape::J, G = J; // the strip G is J (relpos_setup)
     const double D = double(s.D), Dv = double(s.Dv);
     const bool pq = s.aq && !s.saved, pk = s.ak && !s.saved;

@@ -109,7 +109,8 @@ kir::Kernel relpos_table_reduce_program();
 // multiply-add: scores, dP, P V, dQ, dK, dV, the strip and tile relation projections, the
 // relation folds and table partials), counted from their tile schedule for samples of the
 // given lengths, H heads and saturation Delta: what the CPU actually computes, as opposed to
-// the paper's credited "useful" FLOPs (issue 20). Padding rows the products compute count;
+// the paper's credited "useful" FLOPs (issue 20); the host's programs only (no tensor cores:
+// those project each tile pair instead). Padding rows the products compute count;
 // exp, the softmax and the staging copies do not. The forward includes the projection program
 // when s.saved.
 struct RelposFlops {
