@@ -59,7 +59,7 @@ struct Program {
         k = b.buffer("k", e);
         v = b.buffer("v", e);
         // Tensor cores read the relation tables in the data's type (the rounding their mma
-        // makes anyway), so their rows stage with 16-byte copies (relpos_half_tables).
+        // makes anyway), so their rows stage with 16-byte copies (relpos_use_tensor_cores).
         const kir::Elem te = s.tensor_cores ? e : kir::Elem::f32;
         eq = b.buffer("eq", te);
         ek = b.buffer("ek", te);
@@ -211,10 +211,11 @@ struct Program {
         return b.scratch(name, Expr(size));
     }
 
-    // Relation projections per key tile on tensor cores (the tensor-core forward, unsaved
-    // shapes; project_tile): the tile pair's projections onto the rows it reaches, in shared
-    // memory, row w = u - klo of zq (zk) `zq_stride` (`zk_stride`) floats apart, and the bias
-    // read from its own staged rows. Otherwise w = u - qlo (klo) rows J apart, bias in zq.
+    // Relation projections per tile pair on tensor cores (every tensor-core pass of an unsaved
+    // shape; take_tile_projections): the pair's projections onto the rows it reaches, in
+    // shared memory, row w = u - lo (the pair's first row) of zq (zk) `zq_stride`
+    // (`zk_stride`) floats apart, and the bias read from its own staged rows. Otherwise (the
+    // host's programs) w = u - qlo (klo) rows J apart, the bias in zq.
     bool tile_projections = false;
     std::int64_t zq_stride = RelposShape::J, zk_stride = RelposShape::J;
     // Rows a tile pair's projections hold: a pair reaches at most 2J - 1 rows.

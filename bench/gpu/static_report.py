@@ -419,7 +419,7 @@ def model_section(rows):
       "latency, barriers, dependent HMMA) at all.")
     w("- Instructions per iteration per warp: the key loop's SASS, with the halves loops (an "
       "inner loop holding other loops with HMMAs: the backward passes' halves of a tile pair, "
-      "the forward's two 64-row halves of a projection) run twice, the innermost "
+      "a projection's two 64-row halves) run twice, the innermost "
       "loops that hold HMMAs (an mma's loop over the warp's 16 x 8 C tiles) run as often as "
       "the tile products need (64 x 64 x 64 each: 2 in the forward, 3 in the query pass, 4 in "
       "the key pass, plus in each 2 per relation table projected (the pair's 128 reachable "
