@@ -102,6 +102,41 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
         }
 }
 
+// The tensor-core passes project each tile pair into shared memory (project_tile), so their
+// scratch does not grow with the rows a strip reaches (W, N + 63 for identity maps): the
+// forward has none, the backward passes only their by-offset score gradients (dZ, per strip).
+// The host's programs keep strip projections sized by W.
+TEST(KirPtx, TensorCoreRelposScratchDoesNotGrowWithTheReachableRows) {
+    auto scratch = [](const kir::Kernel& k, std::int64_t W) {
+        // H, Delta, U, G, W, WP, WS (jit/relpos_programs.hpp's RelposParam order).
+        const std::int64_t params[] = {12, W, 2 * W + 1, 64, W, W, W};
+        return jit::kir_scratch_bytes(k, params);
+    };
+    for (const bool tensor_cores : {true, false}) {
+        SCOPED_TRACE(tensor_cores ? "tensor cores" : "host programs");
+        // DeBERTa-like: both relation tables, no bias (so only the tables ask for dZ).
+        jit::RelposShape s{DType::f16, 64, 64, true, true, false, false, 0.125};
+        s.tensor_cores = tensor_cores;
+        const kir::Kernel fwd = jit::relpos_forward_program(s);
+        if (tensor_cores) {
+            EXPECT_EQ(scratch(fwd, 128), 0);
+            EXPECT_EQ(scratch(fwd, 16384), 0);
+        } else {
+            EXPECT_GT(scratch(fwd, 16384), scratch(fwd, 128));
+        }
+        // The backward passes' dZ rows are G x W floats: nothing else may grow with W.
+        for (const kir::Kernel& k :
+             {jit::relpos_query_grad_program(s), jit::relpos_key_grad_program(s)}) {
+            const std::int64_t grows = scratch(k, 16384) - scratch(k, 128);
+            if (tensor_cores) {
+                EXPECT_LE(grows, 64 * (16384 - 128) * 4 + 64) << k.name;
+            } else {
+                EXPECT_GT(grows, 64 * (16384 - 128) * 4 + 64) << k.name;
+            }
+        }
+    }
+}
+
 // Attention with a bias (jit/biased_attention_programs.hpp): its three programs, plain and
 // causal, Dv != D, assemble for sm_80 and sm_90, with barriers around their threads loops.
 TEST(KirPtx, EveryBiasedAttentionProgramAssembles) {
