@@ -644,7 +644,7 @@ struct Program {
     }
 
     struct QueryTile {
-        Expr i0, rows, qlo, dmin, dmax;
+        Expr i0, rows, qlo, saturated;
     };
     // The key pass's buffers for a query tile: Qt and dOt row-major, QtT transposed (when
     // queries are projected), the tile's lse and D, and its projections ZQ.
@@ -683,9 +683,14 @@ struct Program {
             project(t.ZQ, t.QtT, eq, qlo, row(dmax) - qlo + 1, s.bias);
         stage_bias(qlo, row(dmax) - qlo + 1, async);
         if (async) b.await_copies(0);
-        return {i0, rows, qlo, dmin, dmax};
+        return {i0, rows, qlo, saturated(dmin, dmax)};
     }
 
+    // Whether every pair of a tile pair whose offsets span [dmin, dmax] saturates (then they
+    // all read one row).
+    Expr saturated(Expr dmin, Expr dmax) {
+        return b.let(dmin >= Delta || dmax <= -Delta, "saturated");
+    }
     struct KeyTile {
         Expr j0, cols, klo, saturated;
     };
@@ -715,7 +720,7 @@ struct Program {
         } else {
             stage_bias(klo, row(dmax) - klo + 1);
         }
-        return {j0, cols, klo, b.let(dmin >= Delta || dmax <= -Delta, "saturated")};
+        return {j0, cols, klo, saturated(dmin, dmax)};
     }
 
     // acc(r, x) += sum_c weight(r, c) src(c, x) for r < rows, c < count, x < width, summed in
@@ -1396,11 +1401,10 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         p.stream(qd, p.q, dO, first, n, kir::ceil_div(n - first, J), [&](Expr t) {
             const bool two = qd.copies == 2;
-            const auto [i0, rows, qlo, dmin, dmax] =
+            const auto [i0, rows, qlo, saturated] =
                 p.query_tile(first + t * J, j0, cols,
                              {two ? -1 : Qt, two ? -1 : dOt, -1, Lt, Dt, -1}, dO, lse, delta);
-            p.project_pair(tp, Qt, qd.at(t, s.D), Ks, 0, qlo,
-                           b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated"));
+            p.project_pair(tp, Qt, qd.at(t, s.D), Ks, 0, qlo, saturated);
             // The tile's queries in halves: P^T and dS^T of a half are 16 registers a thread
             // each rather than 32, beside dK and dV's 64 (a whole tile spilled).
             p.halves(
@@ -1494,9 +1498,8 @@ kir::Kernel relpos_key_grad_program(const RelposShape& s) {
         if (p.projects_k()) p.project(ZK, KsT, p.ek, klo, wk, false);
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
         b.loop(0, kir::ceil_div(n - first, J), [&](Expr t) {
-            const auto [i0, rows, qlo, dmin, dmax] =
+            const auto [i0, rows, qlo, saturated] =
                 p.query_tile(first + t * J, j0, cols, {Qt, dOt, QtT, Lt, Dt, ZQ}, dO, lse, delta);
-            Expr saturated = b.let(dmin >= p.Delta || dmax <= -p.Delta, "saturated");
             p.products(St, rows, Qt, KsT, s.D);
             p.products(dPt, rows, dOt, VsT, s.Dv);
             b.loop(
