@@ -37,9 +37,9 @@ class NvptxLowering final : public KirLowering {
     // Programs without tensor cores (f32) keep their constant-trip loops as loops, as the CPU
     // does and for the same reason (kir_llvm.cpp's for_range): unrolled, LICM held 4 rows x 64
     // columns of accumulators across the enclosing loop, and their backward passes spilled
-    // 200-670 B a thread. The tensor-core programs keep LLVM's unrolling, which the static
-    // report's model counts on (it charges an inner loop without HMMAs once: rolled, their
-    // projection loops would be undercounted 64 times; rolled, they also spill less).
+    // 200-670 B a thread. The tensor-core programs keep LLVM's unrolling: rolled, they spill
+    // 8-52 B more (docs/design.md), and the static report's model charges an inner loop
+    // without HMMAs once.
     NvptxLowering(llvm::Module& m, const kir::Kernel& k, bool emulated)
         : KirLowering(m, k), emulated_(emulated) {
         keep_constant_loops_ = without_tensor_cores(k);
