@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -294,19 +295,26 @@ TEST(KernelIr, BankConflictsFollowTheLoweringsAddressing) {
 // Shared loads inside an each: lane 4g + t holds the fragment's element (g, 2t), so a read
 // of x[(r - c + 63) stride + r] (the tensor-core forward's query projections by offset) asks
 // lane (g, t) for word (stride + 1) g - 2t stride + const: with stride 64, banks g - 0 only
-// (4-way); with stride 68, 5g - 8t, 32 distinct banks (1-way).
+// (4-way); with stride 68, 5g - 8t, 32 distinct banks (1-way). Row-major x[64 r + c] puts the
+// 8 rows in one bank (8-way) and column-major x[64 c + r] the 4 columns (4-way): each lane's
+// row and column both count.
 TEST(KernelIr, BankConflictsOfFragmentElementReads) {
-    auto degree = [](std::int64_t stride) {
+    auto degree = [](const std::function<Expr(Expr, Expr)>& at) {
         Builder b("each_reads");
-        const int x = b.shared("x", 128 * stride), f = b.fragment("f", 64);
-        b.each(f, [&](Expr r, Expr c) { b.put(f, b.load(x, (r - c + 63) * stride + r)); });
+        const int x = b.shared("x", 128 * 68), f = b.fragment("f", 64);
+        b.each(f, [&](Expr r, Expr c) { b.put(f, b.load(x, at(r, c))); });
         std::vector<int> d;
         for (const auto& a : jit::kir_bank_conflicts(b.finish(), {}, {}))
             if (a.kind == "load") d.push_back(a.degree);
         return d;
     };
-    EXPECT_EQ(degree(64), std::vector<int>{4});
-    EXPECT_EQ(degree(68), std::vector<int>{1});
+    auto by_offset = [](std::int64_t stride) {
+        return [stride](Expr r, Expr c) { return (r - c + 63) * stride + r; };
+    };
+    EXPECT_EQ(degree(by_offset(64)), std::vector<int>{4});
+    EXPECT_EQ(degree(by_offset(68)), std::vector<int>{1});
+    EXPECT_EQ(degree([](Expr r, Expr c) { return r * 64 + c; }), std::vector<int>{8});
+    EXPECT_EQ(degree([](Expr r, Expr c) { return c * 64 + r; }), std::vector<int>{4});
 }
 
 // ldmatrix fragments (kir::fragment_load): each 8 x 8 matrix is one pass of 8 lanes' 16-byte
