@@ -1,10 +1,13 @@
 #include "bindings/convert.hpp"
 
+#include "jit/kir_gpu.hpp"
+#include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <memory>
 #include <string_view>
 #include <type_traits>
 
@@ -430,7 +433,7 @@ namespace {
 // What an export owns: the buffer, the shape and strides the DLTensor points at, and the
 // managed struct of the kind the consumer asked for (one of the two is used).
 struct ExportCtx {
-    std::shared_ptr<std::byte> keep;
+    std::shared_ptr<const void> keep; // host bytes or a cuda::Buffer
     std::vector<std::int64_t> shape, strides;
     DLManagedTensor managed{};
     DLManagedTensorVersioned versioned{};
@@ -532,50 +535,58 @@ template <class M> Imported take(py::handle cap) {
     return out;
 }
 
+// Refuses memory rag cannot read: CPU memory and CUDA device 0 (rag's device) only.
+void check_importable(int type, int id) {
+    if (type == kDLCPU || type == kDLCUDAHost) return;
+    if (type != kDLCUDA)
+        fail("from_dlpack: the tensor lives on DLPack device type ", type,
+             "; rag takes CPU memory and CUDA device 0 (copy it there first)");
+    if (id != 0)
+        fail("from_dlpack: the tensor is on CUDA device ", id,
+             "; rag runs on device 0 (copy it there first)");
+    cuda::device(); // "CUDA unavailable: ..." without one
+}
+
 // A capsule from `obj`: the capsule itself, or a producer's export in the newest form rag reads.
 py::object capsule_of(py::handle obj) {
     if (PyCapsule_CheckExact(obj.ptr())) return py::reinterpret_borrow<py::object>(obj);
     if (!py::hasattr(obj, "__dlpack__"))
         fail("from_dlpack: expected an object with __dlpack__ or a DLPack capsule, got ",
              py::str(py::type::of(obj)).cast<std::string>());
+    py::dict kw;
     if (py::hasattr(obj, "__dlpack_device__")) {
         py::tuple dev = obj.attr("__dlpack_device__")();
-        int type = dev[0].cast<int>();
-        if (type != kDLCPU && type != kDLCUDAHost)
-            fail("from_dlpack: the tensor lives on DLPack device type ", type,
-                 "; rag takes CPU memory only (copy it to the host first)");
+        const int type = dev[0].cast<int>(), id = dev[1].cast<int>();
+        check_importable(type, id);
+        // The producer orders its pending work on the memory before rag's stream reads it.
+        if (type == kDLCUDA) kw["stream"] = cuda::dlpack_stream();
     }
     try {
-        return obj.attr("__dlpack__")("max_version"_a = py::make_tuple(dlpack_major, dlpack_minor));
+        py::dict versioned = kw.attr("copy")(); // `py::dict versioned = kw` would alias kw
+        versioned["max_version"] = py::make_tuple(dlpack_major, dlpack_minor);
+        return obj.attr("__dlpack__")(**versioned);
     } catch (py::error_already_set& e) {
         // Producers older than DLPack 1.0 take no max_version (the protocol's prescribed retry).
         if (!e.matches(PyExc_TypeError)) throw;
     }
-    return obj.attr("__dlpack__")();
+    return obj.attr("__dlpack__")(**kw);
 }
 
-} // namespace
+// The shape and strides (in elements) of values_view(t), which every export describes.
+void describe_values(const RaggedTensor& t, ExportCtx& ctx) {
+    const auto shape = values_shape(t);
+    ctx.shape.assign(shape.begin(), shape.end());
+    ctx.strides.assign(shape.size(), 1);
+    for (std::size_t a = shape.size(); a-- > 1;) ctx.strides[a - 1] = ctx.strides[a] * ctx.shape[a];
+}
 
-py::capsule to_dlpack(const RaggedTensor& t, bool copy, bool versioned) {
-    py::array v = values_view(t);
-    auto* ctx = new ExportCtx();
-    ctx->keep = t.buffer().data;
-    std::byte* data = t.buffer().data.get();
-    if (copy) {
-        Buffer b = Buffer::allocate(t.buffer().nbytes);
-        std::memcpy(b.data.get(), data, t.buffer().nbytes);
-        ctx->keep = b.data;
-        data = b.data.get();
-    }
-    const std::size_t es = dtype_size(t.dtype());
-    for (py::ssize_t a = 0; a < v.ndim(); ++a) {
-        ctx->shape.push_back(v.shape(a));
-        ctx->strides.push_back(v.strides(a) / py::ssize_t(es));
-    }
+// The capsule of the kind asked for over `data` on `device`, owning ctx.
+py::capsule export_values(const RaggedTensor& t, ExportCtx* ctx, void* data, DLDeviceType device,
+                          bool copied, bool versioned) {
     DLTensor dl{};
     dl.data = data;
-    dl.device = {kDLCPU, 0};
-    dl.ndim = std::int32_t(v.ndim());
+    dl.device = {device, 0};
+    dl.ndim = std::int32_t(ctx->shape.size());
     dl.dtype = dl_dtype(t.dtype());
     dl.shape = ctx->shape.data();
     dl.strides = ctx->strides.data();
@@ -586,9 +597,97 @@ py::capsule to_dlpack(const RaggedTensor& t, bool copy, bool versioned) {
     }
     // Writable: rag's own views of the values (`values`, the buffer protocol) are too.
     ctx->versioned.version = {dlpack_major, dlpack_minor};
-    ctx->versioned.flags = copy ? dlpack_flag_is_copied : 0;
+    ctx->versioned.flags = copied ? dlpack_flag_is_copied : 0;
     ctx->versioned.dl_tensor = dl;
     return export_capsule(&ctx->versioned, ctx);
+}
+
+// The host bytes: made current, and the values' home from now on (the capsule is writable).
+py::capsule export_host(const RaggedTensor& t, bool copy, bool versioned) {
+    t.expose();
+    auto ctx = std::make_unique<ExportCtx>();
+    describe_values(t, *ctx);
+    ctx->keep = t.buffer().data;
+    std::byte* data = t.buffer().data.get();
+    if (copy) {
+        Buffer b = Buffer::allocate(t.buffer().nbytes);
+        std::memcpy(b.data.get(), data, t.buffer().nbytes);
+        ctx->keep = b.data;
+        data = b.data.get();
+    }
+    return export_values(t, ctx.release(), data, kDLCPU, copy, versioned);
+}
+
+// The device copy, shared with the consumer (which may write it: rag's host reads download it
+// again from then on), or a device-to-device copy; readable on `stream` once this returns.
+py::capsule export_device(const RaggedTensor& t, bool copy, bool copied, bool versioned,
+                          std::int64_t stream) {
+    std::shared_ptr<const cuda::Buffer> dev = t.device_copy();
+    if (!dev) fail("__dlpack__: the values were taken to the host meanwhile");
+    if (copy) {
+        const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype());
+        auto fresh = std::make_shared<cuda::Buffer>(jit::device_buffer(bytes));
+        cuda::copy(*fresh, *dev, bytes);
+        dev = std::move(fresh);
+    } else {
+        t.share_device();
+    }
+    cuda::order_before(stream);
+    auto ctx = std::make_unique<ExportCtx>();
+    describe_values(t, *ctx);
+    ctx->keep = dev;
+    return export_values(t, ctx.release(), reinterpret_cast<void*>(std::uintptr_t(dev->ptr())),
+                         kDLCUDA, copy || copied, versioned);
+}
+
+// The consumer's stream of __dlpack__(stream=...) for a CUDA export: None is the legacy
+// default stream (the protocol's rule); 0 is ambiguous and refused.
+std::int64_t consumer_stream(py::handle stream) {
+    if (stream.is_none()) return 1;
+    const auto s = stream.cast<std::int64_t>();
+    if (s == 0 || s < -1)
+        throw py::buffer_error("__dlpack__: stream " + std::to_string(s) +
+                               " is not a CUDA stream; pass 1 (legacy default), 2 (per-thread "
+                               "default), a stream handle, or -1 (no synchronisation)");
+    return s;
+}
+
+} // namespace
+
+std::tuple<int, int> dlpack_device(const RaggedTensor& t) {
+    return {t.device_copy() ? kDLCUDA : kDLCPU, 0};
+}
+
+py::capsule to_dlpack(const RaggedTensor& t, py::handle stream, py::handle max_version,
+                      py::handle dl_device, py::handle copy) {
+    // A consumer that reads DLPack 1.x says so with max_version (major, minor).
+    const bool versioned =
+        !max_version.is_none() &&
+        py::tuple(py::reinterpret_borrow<py::object>(max_version))[0].cast<int>() >= 1;
+    const bool must_copy = !copy.is_none() && copy.cast<bool>();
+    const bool may_copy = copy.is_none() || must_copy;
+    int where = std::get<0>(dlpack_device(t));
+    if (!dl_device.is_none()) {
+        py::tuple dev(py::reinterpret_borrow<py::object>(dl_device));
+        const int type = dev[0].cast<int>(), id = dev[1].cast<int>();
+        if (!(type == kDLCPU && id == 0) && !(type == kDLCUDA && id == 0))
+            throw py::buffer_error("rag tensors live in CPU memory or on CUDA device 0; cannot "
+                                   "export to DLPack device (" +
+                                   std::to_string(type) + ", " + std::to_string(id) + ")");
+        if (type == kDLCUDA && where == kDLCPU) {
+            if (!may_copy)
+                throw py::buffer_error("__dlpack__: the values are in CPU memory and copy=False "
+                                       "forbids uploading them (to('cuda') first)");
+            if (!cuda::available()) // the protocol's error for a device the producer cannot reach
+                throw py::buffer_error("__dlpack__: CUDA unavailable: " +
+                                       cuda::unavailable_reason());
+            return export_device(jit::to_resident(t), false, true, versioned,
+                                 consumer_stream(stream));
+        }
+        where = type;
+    }
+    if (where == kDLCPU) return export_host(t, must_copy, versioned);
+    return export_device(t, must_copy, false, versioned, consumer_stream(stream));
 }
 
 RaggedTensor from_dlpack(py::handle obj, bool batched) {
@@ -603,8 +702,7 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
              "consumed?)");
     // From here on the tensor is ours: `in.owner` calls its deleter once nothing uses it.
     const DLTensor& dl = *in.dl;
-    if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost)
-        fail("from_dlpack: device type ", int(dl.device.device_type), " is not CPU memory");
+    check_importable(dl.device.device_type, dl.device.device_id);
     auto t = from_dl_dtype(dl.dtype);
     if (!t)
         fail("from_dlpack: DLPack dtype (code ", int(dl.dtype.code), ", bits ", int(dl.dtype.bits),
@@ -620,37 +718,59 @@ RaggedTensor from_dlpack(py::handle obj, bool batched) {
         if (shape[std::size_t(a)] != 1 && strides[std::size_t(a)] != expect) contiguous = false;
         expect *= shape[std::size_t(a)];
     }
-    const std::size_t es = dtype_size(*t);
+    StructurePtr st;
+    if (!batched) {
+        std::vector<Axis> axes;
+        for (auto e : shape) axes.push_back(Axis::fixed_of(e));
+        st = Structure::make(Shape{false, std::move(axes)}, 1, shape);
+    } else {
+        if (shape.empty()) fail("from_dlpack: a batched value needs a batch axis; got a scalar");
+        std::vector<Axis> axes;
+        std::vector<std::int64_t> sample(shape.begin() + 1, shape.end()), sizes;
+        for (auto e : sample) axes.push_back(Axis::fixed_of(e));
+        for (std::int64_t i = 0; i < shape[0]; ++i)
+            sizes.insert(sizes.end(), sample.begin(), sample.end());
+        st = Structure::make(Shape{true, std::move(axes)}, shape[0], std::move(sizes));
+    }
+    const std::size_t es = dtype_size(*t), bytes = std::size_t(numel) * es;
     auto* data = static_cast<std::byte*>(dl.data) + dl.byte_offset;
+    if (dl.device.device_type == kDLCUDA && numel > 0) {
+        if (!contiguous)
+            fail("from_dlpack: a strided CUDA tensor; rag takes contiguous device memory (torch: "
+                 ".contiguous() first)");
+        // Shared with the producer, which may write it (rag never writes its inputs): host reads
+        // download it each time. The kernels stage 16-byte vectors (jit/kir_gpu.hpp), so memory
+        // less aligned than that is copied into rag's own, once.
+        auto borrowed = std::shared_ptr<const cuda::Buffer>(
+            new cuda::Buffer(cuda::Buffer::borrow(std::uint64_t(std::uintptr_t(data)), bytes)),
+            [owner = in.owner](const cuda::Buffer* b) { delete b; });
+        in.owner.reset();
+        if (std::uintptr_t(data) % 16 == 0) {
+            RaggedTensor out = jit::resident(std::move(borrowed), *t, st);
+            out.share_device();
+            return out;
+        }
+        cuda::Buffer own = jit::device_buffer(bytes);
+        cuda::copy(own, *borrowed, bytes);
+        cuda::synchronize(); // before the producer may free its memory
+        return jit::resident(std::move(own), *t, st);
+    }
     Buffer buf;
     // Read-only memory is copied: rag's views of a tensor's values are writable, so adopting it
     // would hand out write access the producer forbade (the rule buffer_of applies to arrays).
     if (contiguous && numel > 0 && element_aligned(data, es) && !in.read_only) {
-        buf = {std::shared_ptr<std::byte>(in.owner, data), std::size_t(numel) * es, nullptr};
+        buf = {std::shared_ptr<std::byte>(in.owner, data), bytes, nullptr};
     } else {
-        buf = Buffer::allocate(std::size_t(numel) * es);
+        buf = Buffer::allocate(bytes);
         // Contiguous memory (misaligned or read-only) is one memcpy; the element loop is for
         // strided views only (it costs ~8 ns an element).
         if (contiguous && numel > 0)
-            std::memcpy(buf.data.get(), data, std::size_t(numel) * es);
+            std::memcpy(buf.data.get(), data, bytes);
         else if (numel > 0)
             copy_strided(data, strides.data(), shape, es, buf.data.get());
         in.owner.reset();
     }
-    std::vector<Axis> axes;
-    if (!batched) {
-        for (auto e : shape) axes.push_back(Axis::fixed_of(e));
-        return RaggedTensor(*t, Structure::make(Shape{false, std::move(axes)}, 1, shape),
-                            std::move(buf));
-    }
-    if (shape.empty()) fail("from_dlpack: a batched value needs a batch axis; got a scalar");
-    std::vector<std::int64_t> sample(shape.begin() + 1, shape.end()), sizes;
-    for (auto e : sample) axes.push_back(Axis::fixed_of(e));
-    for (std::int64_t i = 0; i < shape[0]; ++i)
-        sizes.insert(sizes.end(), sample.begin(), sample.end());
-    return RaggedTensor(*t,
-                        Structure::make(Shape{true, std::move(axes)}, shape[0], std::move(sizes)),
-                        std::move(buf));
+    return RaggedTensor(*t, st, std::move(buf));
 }
 
 // ---- packed values and lengths ----------------------------------------------------------------
@@ -783,7 +903,7 @@ RaggedTensor from_packed(py::handle values, py::handle lengths, const std::strin
              "' need ", st->numel(),
              " (rows = the per-sample products of the ragged extents, "
              "times the static extents)");
-    RaggedTensor out(v.dtype(), st, v.buffer());
+    RaggedTensor out = v.with_structure(st); // device-resident values stay where they are
     // Flat values are fine; shaped ones must be the packed layout, so a transposed array whose
     // element count happens to agree is not taken silently.
     const auto& given = v.structure().sizes();

@@ -21,6 +21,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace rag::bind {
@@ -89,12 +90,23 @@ RaggedTensor from_packed(py::handle values, py::handle lengths, const std::strin
 py::tuple packed(const RaggedTensor& t);
 
 // ---- DLPack ---------------------------------------------------------------------------------
-// A capsule over the packed values (see values_view); `copy` exports a fresh copy. `versioned`:
-// a DLPack 1.x "dltensor_versioned" capsule (what a consumer passing max_version >= (1, 0)
-// gets), else the legacy "dltensor" one.
-py::capsule to_dlpack(const RaggedTensor& t, bool copy, bool versioned);
+// (device type, id) of __dlpack_device__: CUDA device 0 while the values have a current device
+// copy (a GPU-tier result, to('cuda'), a CUDA import), else the CPU.
+std::tuple<int, int> dlpack_device(const RaggedTensor& t);
+// __dlpack__(stream=, max_version=, dl_device=, copy=): a capsule over the packed values (see
+// values_view) where they are (dlpack_device) or on dl_device. `versioned`: a DLPack 1.x
+// "dltensor_versioned" capsule when max_version >= (1, 0), else the legacy "dltensor" one.
+// CPU exports hand out the host bytes (a device copy is dropped: the capsule is writable).
+// CUDA exports share the device copy (rag's later host reads download it again, since the
+// consumer may write it), ordered before the consumer's `stream` (None: the legacy default
+// stream; -1: none); a CPU tensor asked for on CUDA is uploaded (refused with copy=False).
+py::capsule to_dlpack(const RaggedTensor& t, py::handle stream, py::handle max_version,
+                      py::handle dl_device, py::handle copy);
 // Takes a producer (an object with __dlpack__, asked for a versioned capsule first) or a
-// capsule of either kind. CPU memory only; read-only tensors (the DLPack 1.x flag) are copied.
+// capsule of either kind. CPU memory: adopted, but read-only tensors (the DLPack 1.x flag) are
+// copied. CUDA device 0 (the producer is passed rag's stream): adopted as a device-resident
+// tensor sharing the producer's memory when contiguous and 16-byte aligned, else copied on the
+// device (strided memory is refused).
 RaggedTensor from_dlpack(py::handle obj, bool batched);
 
 } // namespace rag::bind

@@ -943,27 +943,17 @@ Logical axis 0 is the batch axis; lengths(1) is the first per-sample axis.)")
         .def(
             "__dlpack__",
             [](const RaggedTensor& t, py::object stream, py::object max_version,
-               py::object dl_device, py::object copy) {
-                (void)stream;
-                // A consumer that reads DLPack 1.x says so with max_version (major, minor).
-                const bool versioned =
-                    !max_version.is_none() && py::tuple(max_version)[0].cast<int>() >= 1;
-                if (!dl_device.is_none()) {
-                    py::tuple dev = dl_device;
-                    if (dev[0].cast<int>() != kDLCPU)
-                        throw py::buffer_error(
-                            "rag tensors live in CPU memory; cannot export to device type " +
-                            std::to_string(dev[0].cast<int>()));
-                }
-                return to_dlpack(t, !copy.is_none() && copy.cast<bool>(), versioned);
-            },
+               py::object dl_device,
+               py::object copy) { return to_dlpack(t, stream, max_version, dl_device, copy); },
             py::kw_only(), "stream"_a = py::none(), "max_version"_a = py::none(),
             "dl_device"_a = py::none(), "copy"_a = py::none(),
-            "DLPack export of the packed values (see `values`): zero copy, CPU; a DLPack 1.x "
+            "DLPack export of the packed values (see `values`), zero copy, where they are: CUDA "
+            "device 0 while the tensor is on the device (its memory is shared: rag reads it back "
+            "on every host access), else the CPU (a device copy is then dropped). A DLPack 1.x "
             "\"dltensor_versioned\" capsule when max_version >= (1, 0), else the legacy "
-            "\"dltensor\" one.")
-        .def("__dlpack_device__",
-             [](const RaggedTensor&) { return py::make_tuple(int(kDLCPU), 0); })
+            "\"dltensor\" one. stream: the consumer's CUDA stream, which waits for rag's work "
+            "(None: the legacy default stream; -1: no wait).")
+        .def("__dlpack_device__", &dlpack_device)
         .def(py::pickle(&tensor_state, &tensor_from_state));
 
     // ---- Params -----------------------------------------------------------------------------
@@ -1371,8 +1361,12 @@ C-contiguous, aligned to its element size and of the dtype). lengths: one row of
     m.def(
         "from_dlpack", [](py::object obj, bool batched) { return from_dlpack(obj, batched); },
         "obj"_a, "batched"_a = false,
-        "A tensor from a DLPack producer (NumPy, PyTorch, ...) in CPU memory; zero copy when the\n"
-        "memory is C-contiguous and aligned to its element size, one copy otherwise.");
+        "A tensor from a DLPack producer (NumPy, PyTorch, ...) in CPU memory or on CUDA device 0.\n"
+        "CPU: zero copy when the memory is C-contiguous and aligned to its element size, one copy\n"
+        "otherwise. CUDA: the producer orders its work before rag's stream; contiguous 16-byte-\n"
+        "aligned memory is adopted as a device-resident tensor (shared: rag reads it back on "
+        "every\n"
+        "host access), other contiguous memory is copied on the device, strided memory refused.");
 
     install_argument_errors(m);
 }

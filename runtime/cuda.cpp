@@ -218,7 +218,17 @@ Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
     s.stats.peak = std::max(s.stats.peak, s.stats.in_use);
 }
 
-Buffer::Buffer(Buffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), block_(o.block_) {
+Buffer Buffer::borrow(std::uint64_t ptr, std::size_t bytes) {
+    Buffer b;
+    b.ptr_ = ptr;
+    b.bytes_ = bytes;
+    b.block_ = size_class(bytes);
+    b.owned_ = false;
+    return b;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : ptr_(o.ptr_), bytes_(o.bytes_), block_(o.block_), owned_(o.owned_) {
     o.ptr_ = 0;
     o.bytes_ = o.block_ = 0;
 }
@@ -229,6 +239,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
         ptr_ = o.ptr_;
         bytes_ = o.bytes_;
         block_ = o.block_;
+        owned_ = o.owned_;
         o.ptr_ = 0;
         o.bytes_ = o.block_ = 0;
     }
@@ -236,7 +247,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 }
 
 Buffer::~Buffer() {
-    if (!ptr_) return;
+    if (!ptr_ || !owned_) return;
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     s.cached[block_].push_back(ptr_);
@@ -280,6 +291,19 @@ void download(void* dst, const Buffer& src, std::size_t bytes) {
     check(s, s.api.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
 }
 
+void copy(const Buffer& dst, const Buffer& src, std::size_t bytes) {
+    if (bytes > dst.bytes() || bytes > src.bytes())
+        fail("CUDA: copy of ", bytes, " bytes between buffers of ", src.bytes(), " and ",
+             dst.bytes());
+    if (bytes == 0) return;
+    State& s = ready();
+    if (emulated()) {
+        std::memcpy(host_ptr(dst.ptr()), host_ptr(src.ptr()), bytes);
+        return;
+    }
+    check(s, s.api.cuMemcpyDtoDAsync(dst.ptr(), src.ptr(), bytes, s.stream), "cuMemcpyDtoDAsync");
+}
+
 void zero(const Buffer& dst) {
     if (dst.bytes() == 0) return;
     State& s = ready();
@@ -294,6 +318,27 @@ void synchronize() {
     State& s = ready();
     if (emulated()) return;
     check(s, s.api.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
+}
+
+std::int64_t dlpack_stream() {
+    State& s = ready();
+    return emulated() ? -1 : std::int64_t(reinterpret_cast<std::uintptr_t>(s.stream));
+}
+
+void order_before(std::int64_t stream) {
+    State& s = ready();
+    if (stream == 0 || stream < -1)
+        fail("CUDA: ", stream,
+             " is not a DLPack stream (1: the legacy default, 2: per-thread, a "
+             "handle, or -1 for none)");
+    if (stream == -1 || emulated()) return;
+    CUevent done = nullptr;
+    check(s, s.api.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    check(s, s.api.cuEventRecord(done, s.stream), "cuEventRecord");
+    const CUresult r =
+        s.api.cuStreamWaitEvent(reinterpret_cast<CUstream>(std::uintptr_t(stream)), done, 0);
+    s.api.cuEventDestroy(done); // released once it completes
+    check(s, r, "cuStreamWaitEvent");
 }
 
 MemoryStats memory_stats() {

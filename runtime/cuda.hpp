@@ -45,6 +45,9 @@ class Buffer {
   public:
     Buffer() = default;
     explicit Buffer(std::size_t bytes);
+    // Device memory rag does not own (a DLPack import): never returned to the allocator; its
+    // owner keeps it alive for as long as the Buffer lives.
+    static Buffer borrow(std::uint64_t ptr, std::size_t bytes);
     Buffer(Buffer&& o) noexcept;
     Buffer& operator=(Buffer&& o) noexcept;
     Buffer(const Buffer&) = delete;
@@ -57,7 +60,8 @@ class Buffer {
   private:
     std::uint64_t ptr_ = 0;
     std::size_t bytes_ = 0;
-    std::size_t block_ = 0; // the size class actually held
+    std::size_t block_ = 0; // the size class it takes from the allocator (or would)
+    bool owned_ = true;     // false: borrowed, never returned to the allocator
 };
 
 // Copies on rag's stream; download() waits for everything queued before it.
@@ -69,8 +73,19 @@ struct Transfers {
     std::uint64_t uploaded = 0, downloaded = 0;
 };
 Transfers transfers();
+// Device to device on rag's stream, after the work queued before it.
+void copy(const Buffer& dst, const Buffer& src, std::size_t bytes);
 void zero(const Buffer& dst);
 void synchronize();
+
+// Streams as the DLPack protocol names them (`__dlpack__(stream=...)`): a CUstream as an
+// integer, 1 and 2 being CUDA's legacy and per-thread default streams, -1 asking for no
+// synchronisation. `dlpack_stream()` is rag's own stream, which rag hands a producer so that
+// its work is ordered before rag reads the memory (-1 on the emulated device, whose work is
+// synchronous); `order_before(s)` makes stream s wait for everything queued on rag's stream
+// so far, before a consumer reads an exported tensor on s (a no-op when emulated).
+std::int64_t dlpack_stream();
+void order_before(std::int64_t stream);
 
 struct MemoryStats {
     std::size_t in_use = 0; // bytes of live Buffers (their size classes)

@@ -30,6 +30,7 @@ inline constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 inline constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 inline constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
+inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
 inline constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
 // X(member, symbol, return-and-parameter types)
@@ -55,6 +56,8 @@ inline constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
       CUresult(CUdeviceptr, const void*, std::size_t, CUstream))                                   \
     X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                                   \
       CUresult(void*, CUdeviceptr, std::size_t, CUstream))                                         \
+    X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                                   \
+      CUresult(CUdeviceptr, CUdeviceptr, std::size_t, CUstream))                                   \
     X(cuMemsetD8Async, "cuMemsetD8Async",                                                          \
       CUresult(CUdeviceptr, unsigned char, std::size_t, CUstream))                                 \
     X(cuModuleLoadDataEx, "cuModuleLoadDataEx",                                                    \
@@ -69,6 +72,7 @@ inline constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
     X(cuEventRecord, "cuEventRecord", CUresult(CUevent, CUstream))                                 \
     X(cuEventSynchronize, "cuEventSynchronize", CUresult(CUevent))                                 \
     X(cuEventElapsedTime, "cuEventElapsedTime", CUresult(float*, CUevent, CUevent))                \
-    X(cuEventDestroy, "cuEventDestroy_v2", CUresult(CUevent))
+    X(cuEventDestroy, "cuEventDestroy_v2", CUresult(CUevent))                                      \
+    X(cuStreamWaitEvent, "cuStreamWaitEvent", CUresult(CUstream, CUevent, unsigned))
 
 } // namespace rag::cuda::driver

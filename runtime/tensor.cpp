@@ -65,7 +65,7 @@ void RaggedTensor::download() const {
     std::lock_guard<std::mutex> lock(r.mu);
     if (r.host_current.load(std::memory_order_relaxed)) return;
     cuda::download(values_.data.get(), *r.device, values_.nbytes);
-    r.host_current.store(true, std::memory_order_release);
+    if (!r.shared) r.host_current.store(true, std::memory_order_release);
 }
 
 std::shared_ptr<const cuda::Buffer> RaggedTensor::device_copy() const {
@@ -77,8 +77,19 @@ std::shared_ptr<const cuda::Buffer> RaggedTensor::device_copy() const {
 void RaggedTensor::expose() const {
     if (!values_.residency) return;
     download();
-    std::lock_guard<std::mutex> lock(values_.residency->mu);
-    values_.residency->device.reset();
+    Residency& r = *values_.residency;
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.device.reset();
+    r.shared = false; // the host bytes are the values now
+    r.host_current.store(true, std::memory_order_release);
+}
+
+void RaggedTensor::share_device() const {
+    if (!device_copy()) fail("share_device: the values have no device copy");
+    Residency& r = *values_.residency;
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.shared = true;
+    r.host_current.store(false, std::memory_order_release);
 }
 
 RaggedTensor::RaggedTensor(DType dtype, StructurePtr st, Buffer values)

@@ -39,6 +39,10 @@ struct Residency {
     std::mutex mu;
     std::shared_ptr<const cuda::Buffer> device;
     std::atomic<bool> host_current{false}; // read without the lock once true
+    // The device copy is shared with another library (DLPack, RaggedTensor::share_device),
+    // which may write it at any time: the host bytes are never current, every host access
+    // downloads. Guarded by mu.
+    bool shared = false;
 };
 
 // Reference-counted, 64-byte-aligned storage; tensors that alias it share ownership.
@@ -98,6 +102,9 @@ class RaggedTensor {
     // The host bytes are handed out writable (NumPy views, DLPack): make them current and drop
     // the device copy, which they could make stale.
     void expose() const;
+    // The device copy is handed to (or taken from) another library that may write it: from now
+    // on every host access downloads it again. Requires a device copy.
+    void share_device() const;
 
     std::vector<DenseArray> to_list() const;
     DenseArray to_padded(double value) const; // [B, envelope...] (or the array, unbatched)

@@ -134,6 +134,34 @@ TEST(GpuExec, AllocatorReusesFreedBlocksAndCopiesRoundTrip) {
     EXPECT_EQ(cuda::memory_stats().cached, 0u);
 }
 
+TEST(GpuExec, DeviceCopiesAndBorrowedMemory) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::release_cached();
+    const std::size_t bytes = 300 * sizeof(float);
+    std::vector<float> host(300), back(300, -1.0f);
+    for (std::size_t k = 0; k < host.size(); ++k) host[k] = float(k) - 7.5f;
+    cuda::Buffer src(bytes), dst(bytes);
+    cuda::upload(src, host.data(), bytes);
+    cuda::copy(dst, src, bytes);
+    cuda::download(back.data(), dst, bytes);
+    EXPECT_EQ(back, host);
+    EXPECT_THROW(cuda::copy(dst, src, bytes + 4096), Error);
+    // Memory rag does not own (a DLPack import) is read and written like its own, and never
+    // joins the allocator's cache.
+    const auto before = cuda::memory_stats();
+    {
+        cuda::Buffer view = cuda::Buffer::borrow(src.ptr(), bytes);
+        std::fill(back.begin(), back.end(), -1.0f);
+        cuda::download(back.data(), view, bytes);
+        EXPECT_EQ(back, host);
+    }
+    const auto after = cuda::memory_stats();
+    EXPECT_EQ(after.in_use, before.in_use);
+    EXPECT_EQ(after.cached, before.cached);
+    cuda::order_before(-1); // no synchronisation asked for
+    EXPECT_THROW(cuda::order_before(0), Error);
+}
+
 TEST(GpuExec, InvalidPtxShowsTheDriverLog) {
     SKIP_WITHOUT_DEVICE();
     auto msg = error_of([] {

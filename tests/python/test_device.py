@@ -129,3 +129,129 @@ print("ok")
     env = dict(os.environ, RAG_GPU_EMULATE="1")
     out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_cuda_dlpack_on_the_emulated_device():
+    """CUDA DLPack both ways (the emulated device's memory is host memory, so ctypes can stand
+    in for a CUDA library): a device result exports its device memory, shared (a write through
+    the capsule is what rag reads next) or copied; an import of device memory is adopted
+    without an upload, or copied on the device where it is misaligned; rag hands a producer
+    its stream (-1, none, on the emulated device, whose work is synchronous)."""
+    import os
+    import subprocess
+    import sys
+
+    child = r"""
+import ctypes, numpy as np, pytest, rag
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+class Managed(ctypes.Structure):
+    _fields_ = [("dl", DLTensor), ("ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+class Versioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl", DLTensor)]
+
+def opened(cap, kind):
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    name = b"dltensor_versioned" if kind is Versioned else b"dltensor"
+    return kind.from_address(get(cap, name))
+
+SRC = '''
+fn f(x: f32[B, ~N, 4]) -> f32[B, ~N, 4] { return x * 2.0 }
+'''
+m = rag.compile(SRC, device="cuda")
+rng = np.random.default_rng(0)
+lengths = [3, 0, 5]
+x = rag.ragged([rng.standard_normal((n, 4)).astype(np.float32) for n in lengths])
+want = 2 * np.concatenate(x.to_list())
+
+def uploaded(arg):
+    out = m.f(arg)
+    return m.stats()["f"]["uploaded_bytes"], out
+
+# Export: a device result is CUDA memory, shared with the consumer.
+y = m.f(x)
+assert y.device == "cuda" and y.__dlpack_device__() == (2, 0)
+cap = y.__dlpack__(stream=1)
+dl = opened(cap, Managed).dl
+assert (dl.device_type, dl.device_id, dl.ndim, dl.shape[0], dl.shape[1]) == (2, 0, 2, 8, 4)
+first = lambda t: t.to("cpu").values[0, 0]  # a host copy; `values` would take t to the host
+assert first(y) == want[0, 0]
+ctypes.c_float.from_address(dl.data).value = 99.0  # the consumer writes its memory
+assert first(y) == 99.0 and y.device == "cuda"  # rag reads it again
+ctypes.c_float.from_address(dl.data).value = float(want[0, 0])
+del cap
+
+copied = y.__dlpack__(copy=True, max_version=(1, 0))
+v = opened(copied, Versioned)
+assert v.flags & 2 and v.dl.device_type == 2 and v.dl.data != dl.data  # DLPack IS_COPIED
+for bad in (0, -2):
+    with pytest.raises(BufferError, match="not a CUDA stream"):
+        y.__dlpack__(stream=bad)
+
+# Import: a CUDA producer's memory is adopted, shared, and read in place by a device call.
+class Producer:
+    def __init__(self, inner):
+        self.inner, self.stream = inner, "not asked"
+    def __dlpack__(self, stream=None, **kw):
+        self.stream = stream
+        return self.inner.__dlpack__(stream=stream, **kw)
+    def __dlpack_device__(self):
+        return self.inner.__dlpack_device__()
+
+p = Producer(y)
+z = rag.from_packed(p, lengths, "~N, 4")
+assert p.stream == -1 and z.device == "cuda" and list(z.lengths(1)) == lengths
+up_x, _ = uploaded(x)
+up_y, _ = uploaded(y)
+up_z, out = uploaded(z)
+assert up_z == up_y and up_x - up_y == 8 * 4 * 4, (up_x, up_y, up_z)
+np.testing.assert_array_equal(np.concatenate(out.to_list()), 2 * want)
+
+w = rag.from_dlpack(copied)  # the copy: its own memory
+ctypes.c_float.from_address(v.dl.data).value = -1.0
+assert w.device == "cuda" and first(w) == -1.0 and first(y) == want[0, 0]
+
+# A DLTensor made here: device memory of the emulated device is host memory.
+def capsule(a, offset=0, strides=None, device=(2, 0)):
+    shape = (ctypes.c_int64 * a.ndim)(*a.shape)
+    st = None if strides is None else (ctypes.c_int64 * a.ndim)(*strides)
+    mt = Managed(DLTensor(a.ctypes.data, device[0], device[1], a.ndim, 2, 32, 1, shape, st,
+                          offset), None, None)
+    keep.append((a, shape, st, mt))
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.addressof(mt), b"dltensor", None)
+
+keep = []
+raw = np.zeros(33, np.float32)
+raw[1:] = np.arange(32, dtype=np.float32)
+odd = rag.from_dlpack(capsule(raw[:32].reshape(8, 4), offset=4))  # 4 bytes past 16-alignment
+assert odd.device == "cuda"
+raw[1] = 7.0  # copied on the device: the producer's later writes are not seen
+np.testing.assert_array_equal(odd.numpy().ravel(), np.arange(32, dtype=np.float32))
+aligned = np.arange(32, dtype=np.float32).reshape(8, 4)
+shared = rag.from_dlpack(capsule(aligned))
+assert shared.device == "cuda" and first(shared) == 0.0
+aligned[0, 0] = 5.0  # adopted: the producer's later writes are what rag reads
+assert first(shared) == 5.0
+with pytest.raises(rag.Error, match="strided CUDA tensor"):
+    rag.from_dlpack(capsule(aligned, strides=(1, 8)))
+with pytest.raises(rag.Error, match="on CUDA device 1; rag runs on device 0"):
+    rag.from_dlpack(capsule(aligned, device=(2, 1)))
+
+host = y.__dlpack__(dl_device=(1, 0))  # asked for on the CPU: the host bytes, from now on
+assert opened(host, Managed).dl.device_type == 1 and y.device == "cpu"
+print("ok")
+"""
+    env = dict(os.environ, RAG_GPU_EMULATE="1")
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -91,8 +91,16 @@ def test_capsules():
     gc.collect()
     copied = rag.from_dlpack(rag.tensor(np.ones(3)).__dlpack__(copy=True))
     np.testing.assert_array_equal(copied.numpy(), np.ones(3))
-    with pytest.raises(BufferError):
-        t.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError, match=r"CPU memory or on CUDA device 0; .* \(7, 0\)"):
+        t.__dlpack__(dl_device=(7, 0))
+    with pytest.raises(BufferError, match="copy=False forbids uploading"):
+        t.__dlpack__(dl_device=(2, 0), copy=False)
+    try:  # uploaded where there is a device, else the protocol's BufferError says why not
+        on_device = rag.from_dlpack(t.__dlpack__(dl_device=(2, 0)))
+        assert on_device.device == "cuda" and t.device == "cpu"
+        np.testing.assert_array_equal(on_device.values, t.values)
+    except BufferError as e:
+        assert str(e).startswith("__dlpack__: CUDA unavailable: "), str(e)
     with pytest.raises(rag.Error, match="__dlpack__"):
         rag.from_dlpack([1, 2, 3])
 
