@@ -74,9 +74,9 @@ bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTen
     const GpuKernel& k =
         gpu_kernel("segment/" + std::to_string(int(op)), [op] { return segment_program(op); });
     cuda::Buffer out = device_buffer(std::size_t(job->out->numel()) * 4);
-    std::vector<std::uint64_t> ptrs = {dev.table(job->seg).ptr()};
-    for (const RaggedTensor& t : job->inputs) ptrs.push_back(dev.of(t).ptr());
-    ptrs.push_back(out.ptr());
+    std::vector<const cuda::Buffer*> ptrs = {&dev.table(job->seg)};
+    for (const RaggedTensor& t : job->inputs) ptrs.push_back(&dev.of(t));
+    ptrs.push_back(&out);
     k.launch(job->grid(), ptrs, {});
     vals[i] = dev.result(std::move(out), DType::f32, job->out);
     return true;
@@ -88,7 +88,7 @@ void sum_partials(const cuda::Buffer& part, std::int64_t P, std::int64_t C, DTyp
                   const cuda::Buffer& out) {
     const GpuKernel& sums =
         gpu_kernel("sums/" + std::string(dtype_name(t)), [t] { return column_sums_program(t); });
-    const std::uint64_t ptrs[] = {part.ptr(), out.ptr()};
+    const cuda::Buffer* ptrs[] = {&part, &out};
     const std::int64_t params[] = {P, C};
     sums.launch(column_sums_grid(C), ptrs, params);
 }
@@ -115,9 +115,8 @@ bool run_gemm_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor
     cuda::Buffer c = device_buffer(std::size_t(mn) * dtype_size(t));
     // Split K: f32 partials per split, summed in split order (no atomics).
     cuda::Buffer part = split ? device_buffer(std::size_t(job->splits * mn) * 4) : cuda::Buffer();
-    const std::uint64_t ptrs[] = {dev.of(vals[std::size_t(n.args[0])]).ptr(),
-                                  dev.of(vals[std::size_t(n.args[1])]).ptr(),
-                                  split ? part.ptr() : c.ptr()};
+    const cuda::Buffer* ptrs[] = {&dev.of(vals[std::size_t(n.args[0])]),
+                                  &dev.of(vals[std::size_t(n.args[1])]), split ? &part : &c};
     k.launch(job->grid(), ptrs, job->params());
     if (split) sum_partials(part, job->splits, mn, t, c);
     vals[i] = dev.result(std::move(c), t, job->out);
@@ -145,10 +144,10 @@ bool run_norm_program(const ir::Function& f, int i, const std::vector<int>& also
     std::vector<cuda::Buffer> part;
     for (int p = 0; p < parts; ++p)
         part.push_back(device_buffer(std::size_t(job->grid() * job->C) * 4));
-    std::vector<std::uint64_t> ptrs;
-    for (const RaggedTensor& in : job->inputs) ptrs.push_back(dev.of(in).ptr());
-    ptrs.push_back(out.ptr());
-    for (const auto& b : part) ptrs.push_back(b.ptr());
+    std::vector<const cuda::Buffer*> ptrs;
+    for (const RaggedTensor& in : job->inputs) ptrs.push_back(&dev.of(in));
+    ptrs.push_back(&out);
+    for (const auto& b : part) ptrs.push_back(&b);
     const std::int64_t params[] = {job->rows, job->C};
     k.launch(job->grid(), ptrs, params);
     RaggedTensor first = dev.result(std::move(out), t, x.structure_ptr());
@@ -194,31 +193,29 @@ bool run_biased_program(const ir::Function& f, int i, const std::vector<int>& al
         return gpu_kernel(std::string("biased/") + pass + "/" + shape, [&] { return make(s); });
     };
     const std::int64_t params[] = {w.H};
-    const std::uint64_t q = dev.of(in[0]).ptr(), k = dev.of(in[1]).ptr(), v = dev.of(in[2]).ptr(),
-                        bias = dev.of(in[3]).ptr();
+    const cuda::Buffer *q = &dev.of(in[0]), *k = &dev.of(in[1]), *v = &dev.of(in[2]),
+                       *bias = &dev.of(in[3]);
     cuda::Buffer out = device_zeros(std::size_t(w.out->numel()) * 4);
     cuda::Buffer lse = device_zeros(std::size_t(std::max<std::int64_t>(w.tokens * w.H, 1)) * 4);
     if (w.grid(w.forward) > 0) {
-        const std::uint64_t ptrs[] = {q,         k,        v, bias, dev.table(w.forward).ptr(),
-                                      out.ptr(), lse.ptr()};
+        const cuda::Buffer* ptrs[] = {q, k, v, bias, &dev.table(w.forward), &out, &lse};
         program("forward", biased_forward_program).launch(w.grid(w.forward), ptrs, params);
     }
     if (!grad) {
         vals[std::size_t(i)] = dev.result(std::move(out), DType::f32, w.out);
         return true;
     }
-    const std::uint64_t dO = dev.of(*all[4]).ptr();
+    const cuda::Buffer* dO = &dev.of(*all[4]);
     std::vector<cuda::Buffer> g;
     for (const RaggedTensor& t : in) g.push_back(device_zeros(std::size_t(t.numel()) * 4));
     if (w.grid(w.keys) > 0) {
-        const std::uint64_t ptrs[] = {q,  k,         v,         bias,       dev.table(w.keys).ptr(),
-                                      dO, out.ptr(), lse.ptr(), g[1].ptr(), g[2].ptr()};
+        const cuda::Buffer* ptrs[] = {q,  k,    v,    bias,  &dev.table(w.keys),
+                                      dO, &out, &lse, &g[1], &g[2]};
         program("key_grad", biased_key_grad_program).launch(w.grid(w.keys), ptrs, params);
     }
     if (w.grid(w.queries) > 0) {
-        const std::uint64_t ptrs[] = {
-            q,  k,         v,         bias,       dev.table(w.queries).ptr(),
-            dO, out.ptr(), lse.ptr(), g[0].ptr(), g[3].ptr()};
+        const cuda::Buffer* ptrs[] = {q,  k,    v,    bias,  &dev.table(w.queries),
+                                      dO, &out, &lse, &g[0], &g[3]};
         program("query_grad", biased_query_grad_program).launch(w.grid(w.queries), ptrs, params);
     }
     std::vector<int> nodes = {i};

@@ -508,7 +508,7 @@ class EmulatedKernel final : public CpuKernel {
                 std::span<const std::int64_t> params) const override {
         std::vector<std::uint64_t> addresses;
         for (void* b : buffers) addresses.push_back(std::uint64_t(std::uintptr_t(b)));
-        check_kir_launch(k_, addresses, params.size(), "(emulated GPU)");
+        check_kir_launch(k_, addresses, params, "(emulated GPU)");
         if (grid <= 0) return;
         // Shared arrays are the module's globals: one launch at a time.
         std::lock_guard<std::mutex> one_at_a_time(mu_);

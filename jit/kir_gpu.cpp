@@ -26,9 +26,15 @@ class LoadedKernel final : public GpuKernel {
     const std::string& ptx() const override { return ptx_; }
     const kir::Kernel& kernel() const override { return k_; }
 
-    void launch(std::int64_t grid, std::span<const std::uint64_t> buffers,
+    void launch(std::int64_t grid, std::span<const cuda::Buffer* const> buffers,
                 std::span<const std::int64_t> params) const override {
-        check_kir_launch(k_, buffers, params.size(), "");
+        std::vector<std::uint64_t> ptrs;
+        std::vector<std::size_t> bytes;
+        for (const cuda::Buffer* b : buffers) {
+            ptrs.push_back(b->ptr());
+            bytes.push_back(b->bytes());
+        }
+        check_kir_launch(k_, ptrs, params, "", bytes);
         if (grid <= 0) return;
         const std::int64_t per_block = kir_scratch_bytes(k_, params);
         const std::int64_t blocks = kir_gpu_blocks(grid, per_block, cuda::device().multiprocessors);
@@ -39,7 +45,6 @@ class LoadedKernel final : public GpuKernel {
         // global buffer, the scratch pointer. cuLaunchKernel takes the address of each value.
         std::vector<std::int64_t> ints{grid};
         ints.insert(ints.end(), params.begin(), params.end());
-        std::vector<std::uint64_t> ptrs(buffers.begin(), buffers.end());
         ptrs.push_back(scratch.ptr());
         std::vector<void*> args;
         for (auto& v : ints) args.push_back(&v);
@@ -63,10 +68,17 @@ class EmulatedGpuKernel final : public GpuKernel {
         : k_(std::move(k)), cpu_(compile_kernel_emulated(k_)) {}
     const std::string& ptx() const override { return ptx_; }
     const kir::Kernel& kernel() const override { return k_; }
-    void launch(std::int64_t grid, std::span<const std::uint64_t> buffers,
+    void launch(std::int64_t grid, std::span<const cuda::Buffer* const> buffers,
                 std::span<const std::int64_t> params) const override {
         std::vector<void*> host;
-        for (std::uint64_t b : buffers) host.push_back(reinterpret_cast<void*>(std::uintptr_t(b)));
+        std::vector<std::uint64_t> ptrs;
+        std::vector<std::size_t> bytes;
+        for (const cuda::Buffer* b : buffers) {
+            host.push_back(reinterpret_cast<void*>(std::uintptr_t(b->ptr())));
+            ptrs.push_back(b->ptr());
+            bytes.push_back(b->bytes());
+        }
+        check_kir_launch(k_, ptrs, params, "(emulated GPU)", bytes);
         cpu_->launch(grid, host, params);
     }
 

@@ -22,10 +22,11 @@ namespace rag::jit {
 class GpuKernel {
   public:
     virtual ~GpuKernel() = default;
-    // `buffers` holds the device pointers (cuda::Buffer::ptr()) of the kernel's global buffers
-    // in declaration order, each 16-byte aligned (whole allocations are; the lowering's
-    // 16-byte staging relies on it, and a launch checks it). Returns once the launch is queued.
-    virtual void launch(std::int64_t grid, std::span<const std::uint64_t> buffers,
+    // `buffers` holds the kernel's global buffers in declaration order, each 16-byte aligned
+    // (whole allocations are; the lowering's 16-byte staging relies on it) and of fewer than
+    // 2^31 elements, as every parameter must be below 2^31 (the kernels compute their integers
+    // in 32 bits): a launch checks both (check_kir_launch). Returns once the launch is queued.
+    virtual void launch(std::int64_t grid, std::span<const cuda::Buffer* const> buffers,
                         std::span<const std::int64_t> params) const = 0;
     virtual const std::string& ptx() const = 0;
     virtual const kir::Kernel& kernel() const = 0;

@@ -21,7 +21,8 @@ namespace rag::jit {
 using kir::Op;
 using kir::Stmt;
 
-KirLowering::KirLowering(llvm::Module& m, const kir::Kernel& k) : m_(m), k_(k), b_(m.getContext()) {
+KirLowering::KirLowering(llvm::Module& m, const kir::Kernel& k)
+    : m_(m), k_(k), b_(m.getContext()), index_(b_.getInt64Ty()) {
     // Sums may be reassociated (vectorised dot products) and contracted into FMAs: the order
     // is still fixed at compile time, so every run of the same code gives the same bits.
     // Infinities stay meaningful: masked scores are -inf.
@@ -58,7 +59,7 @@ llvm::Type* KirLowering::type(kir::Type t) {
     case kir::Type::i1:
         return b_.getInt1Ty();
     case kir::Type::i64:
-        return b_.getInt64Ty();
+        return index_;
     case kir::Type::f32:
         return b_.getFloatTy();
     }
@@ -67,8 +68,10 @@ llvm::Type* KirLowering::type(kir::Type t) {
 
 void KirLowering::emit_body(llvm::Value* pid, std::vector<llvm::Value*> params,
                             std::vector<llvm::Value*> buffers) {
-    pid_ = pid;
-    params_ = std::move(params);
+    // The entry's i64 program id and parameters, as the kernel's integers.
+    pid_ = b_.CreateSExtOrTrunc(pid, index_);
+    params_.clear();
+    for (llvm::Value* p : params) params_.push_back(b_.CreateSExtOrTrunc(p, index_));
     buffers_ = std::move(buffers);
     // Mutable scalars live in entry-block allocas, which mem2reg turns into registers.
     llvm::Function* fn = b_.GetInsertBlock()->getParent();
@@ -81,8 +84,13 @@ void KirLowering::emit_body(llvm::Value* pid, std::vector<llvm::Value*> params,
 
 llvm::Value* KirLowering::emit_param_expr(const kir::Expr& e,
                                           const std::vector<llvm::Value*>& params) {
+    // In 64 bits whatever the kernel's integers: the wrappers size whole launches with it.
+    llvm::IntegerType* kernel_index = index_;
+    index_ = b_.getInt64Ty();
     params_ = params;
-    return value(e);
+    llvm::Value* v = value(e);
+    index_ = kernel_index;
+    return v;
 }
 
 void KirLowering::emit(const std::vector<Stmt>& body) {
@@ -104,7 +112,7 @@ void KirLowering::emit(const Stmt& s) {
         if (s.loop == kir::Loop::threads)
             threads_loop(s);
         else
-            serial_loop(s, value(s.a), value(s.b), b_.getInt64(1));
+            serial_loop(s, value(s.a), value(s.b), index(1));
         return;
     case Stmt::Kind::mma:
         mma(*s.mma);
@@ -146,8 +154,8 @@ void KirLowering::emit(const Stmt& s) {
 // Fragments on the CPU: scratch arrays, row-major, every element in order.
 void KirLowering::each(const Stmt& s) {
     const std::int64_t cols = kir::fragment_cols(k_.buffers[std::size_t(s.id)]);
-    for_range(b_.getInt64(0), b_.getInt64(kir::kFragmentRows), b_.getInt64(1), [&](llvm::Value* r) {
-        for_range(b_.getInt64(0), b_.getInt64(cols), b_.getInt64(1), [&](llvm::Value* c) {
+    for_range(index(0), index(kir::kFragmentRows), index(1), [&](llvm::Value* r) {
+        for_range(index(0), index(cols), index(1), [&](llvm::Value* c) {
             lets_[s.a.node().i] = r;
             lets_[s.b.node().i] = c;
             current_each_ = &s;
@@ -161,7 +169,7 @@ llvm::Value* KirLowering::fragment_at(std::int64_t f) {
     auto* r = lets_.at(current_each_->a.node().i);
     auto* c = lets_.at(current_each_->b.node().i);
     const std::int64_t cols = kir::fragment_cols(k_.buffers[std::size_t(f)]);
-    llvm::Value* at = cols == 1 ? r : b_.CreateAdd(b_.CreateMul(r, b_.getInt64(cols)), c);
+    llvm::Value* at = cols == 1 ? r : b_.CreateAdd(b_.CreateMul(r, index(cols)), c);
     return b_.CreateGEP(b_.getFloatTy(), buffers_[std::size_t(f)], at);
 }
 
@@ -179,11 +187,11 @@ void KirLowering::row_reduce(const Stmt& s) {
     llvm::Function* fn = b_.GetInsertBlock()->getParent();
     llvm::IRBuilder<> entry(&fn->getEntryBlock(), fn->getEntryBlock().begin());
     llvm::Value* acc = entry.CreateAlloca(f32);
-    for_range(b_.getInt64(0), b_.getInt64(kir::kFragmentRows), b_.getInt64(1), [&](llvm::Value* r) {
+    for_range(index(0), index(kir::kFragmentRows), index(1), [&](llvm::Value* r) {
         llvm::Value* row =
-            b_.CreateGEP(f32, buffers_[std::size_t(f)], b_.CreateMul(r, b_.getInt64(cols)));
+            b_.CreateGEP(f32, buffers_[std::size_t(f)], b_.CreateMul(r, index(cols)));
         b_.CreateStore(b_.CreateLoad(f32, row), acc);
-        for_range(b_.getInt64(1), b_.getInt64(cols), b_.getInt64(1), [&](llvm::Value* c) {
+        for_range(index(1), index(cols), index(1), [&](llvm::Value* c) {
             llvm::Value* x = b_.CreateLoad(f32, b_.CreateGEP(f32, row, c));
             b_.CreateStore(combine(s.reduce, b_.CreateLoad(f32, acc), x), acc);
         });
@@ -197,10 +205,10 @@ void KirLowering::copy16(const Stmt& s) {
     llvm::Type* t = storage_type(e);
     llvm::Value *di = value(s.a), *si = value(s.b);
     for (std::int64_t x = 0; x < s.bytes / kir::elem_bytes(e); ++x) {
-        llvm::Value* at = physical(src, b_.CreateAdd(si, b_.getInt64(x)));
+        llvm::Value* at = physical(src, b_.CreateAdd(si, index(x)));
         llvm::LoadInst* l = b_.CreateLoad(t, b_.CreateGEP(t, buffers_[std::size_t(src)], at));
         scoped(l, src);
-        at = physical(s.id, b_.CreateAdd(di, b_.getInt64(x)));
+        at = physical(s.id, b_.CreateAdd(di, index(x)));
         scoped(b_.CreateStore(l, b_.CreateGEP(t, buffers_[std::size_t(s.id)], at)), s.id);
     }
 }
@@ -211,7 +219,7 @@ llvm::Value* KirLowering::combine(kir::Reduce op, llvm::Value* a, llvm::Value* x
 }
 
 void KirLowering::threads_loop(const Stmt& s) {
-    serial_loop(s, value(s.a), value(s.b), b_.getInt64(1));
+    serial_loop(s, value(s.a), value(s.b), index(1));
 }
 
 void KirLowering::serial_loop(const Stmt& s, llvm::Value* lo, llvm::Value* hi, llvm::Value* step) {
@@ -231,7 +239,7 @@ void KirLowering::for_range(llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
     auto* exit = llvm::BasicBlock::Create(ctx, "endloop", fn);
     b_.CreateBr(head);
     b_.SetInsertPoint(head);
-    auto* i = b_.CreatePHI(b_.getInt64Ty(), 2);
+    auto* i = b_.CreatePHI(lo->getType(), 2);
     i->addIncoming(lo, pre);
     b_.CreateCondBr(b_.CreateICmpSLT(i, hi), inside, exit);
     b_.SetInsertPoint(inside);
@@ -257,9 +265,8 @@ void KirLowering::for_range(llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
 }
 
 void KirLowering::mma(const kir::Mma& x) {
-    for_range(b_.getInt64(0), b_.getInt64(x.m), b_.getInt64(1), [&](llvm::Value* i) {
-        for_range(b_.getInt64(0), b_.getInt64(x.n), b_.getInt64(1),
-                  [&](llvm::Value* j) { mma_element(x, i, j); });
+    for_range(index(0), index(x.m), index(1), [&](llvm::Value* i) {
+        for_range(index(0), index(x.n), index(1), [&](llvm::Value* j) { mma_element(x, i, j); });
     });
 }
 
@@ -295,8 +302,7 @@ llvm::Value* KirLowering::element(const kir::Matrix& mat, llvm::Value* r, llvm::
 llvm::Value* KirLowering::physical(std::int64_t buf, llvm::Value* at) {
     const kir::BufferDecl& b = k_.buffers[std::size_t(buf)];
     if (!b.row) return at;
-    return b_.CreateAdd(at,
-                        b_.CreateMul(b_.CreateUDiv(at, b_.getInt64(b.row)), b_.getInt64(b.pad())));
+    return b_.CreateAdd(at, b_.CreateMul(b_.CreateUDiv(at, index(b.row)), index(b.pad())));
 }
 
 llvm::Value* KirLowering::load_element(const kir::Matrix& mat, llvm::Value* r, llvm::Value* c) {
@@ -323,8 +329,9 @@ llvm::Type* KirLowering::storage_type(kir::Elem e) {
 llvm::Value* KirLowering::widen(kir::Elem e, llvm::Value* raw) {
     switch (e) {
     case kir::Elem::f32:
-    case kir::Elem::i64:
         return raw;
+    case kir::Elem::i64:
+        return b_.CreateSExtOrTrunc(raw, index_);
     case kir::Elem::f64:
         return b_.CreateFPTrunc(raw, b_.getFloatTy());
     case kir::Elem::f16:
@@ -369,7 +376,7 @@ void KirLowering::mma_element(const kir::Mma& x, llvm::Value* i, llvm::Value* j)
     llvm::Value* c0 = x.accumulate ? static_cast<llvm::Value*>(b_.CreateLoad(f32, at))
                                    : llvm::ConstantFP::get(f32, 0.0);
     b_.CreateStore(c0, acc);
-    for_range(b_.getInt64(0), b_.getInt64(x.k), b_.getInt64(1), [&](llvm::Value* l) {
+    for_range(index(0), index(x.k), index(1), [&](llvm::Value* l) {
         llvm::Value* a = round_to(x.precision, load_element(x.a, i, l));
         llvm::Value* bv = round_to(x.precision, load_element(x.b, l, j));
         b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f32, acc), b_.CreateFMul(a, bv)), acc);
@@ -408,8 +415,11 @@ void KirLowering::store(const Stmt& s) {
     llvm::Type* t = nullptr;
     switch (buf.elem) {
     case kir::Elem::f32:
-    case kir::Elem::i64:
         t = v->getType();
+        break;
+    case kir::Elem::i64:
+        t = b_.getInt64Ty();
+        v = b_.CreateSExtOrTrunc(v, t);
         break;
     case kir::Elem::f64:
         t = b_.getDoubleTy();
@@ -431,7 +441,7 @@ llvm::Value* KirLowering::value(const kir::Expr& e) {
     const kir::Node& n = e.node();
     switch (n.op) {
     case Op::const_int:
-        return b_.getInt64(std::uint64_t(n.i));
+        return index(n.i);
     case Op::const_float:
         return llvm::ConstantFP::get(b_.getFloatTy(), n.f);
     case Op::param:
@@ -495,7 +505,7 @@ llvm::Value* KirLowering::value(const kir::Expr& e) {
     case Op::to_f32:
         return b_.CreateSIToFP(a[0], b_.getFloatTy());
     case Op::to_i64:
-        return b_.CreateFPToSI(a[0], b_.getInt64Ty());
+        return b_.CreateFPToSI(a[0], index_);
     case Op::select:
         return b_.CreateSelect(a[0], a[1], a[2]);
     default:

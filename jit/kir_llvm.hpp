@@ -82,6 +82,13 @@ class KirLowering {
     llvm::Module& m_;
     const kir::Kernel& k_;
     llvm::IRBuilder<> b_;
+    // The type of the kernel IR's integers (kir::Type::i64): i64 on the CPU; the GPU computes
+    // them in 32 bits (NvptxLowering), as its integer units do, and a launch refuses buffers
+    // and parameters that do not fit (check_kir_launch).
+    llvm::IntegerType* index_ = nullptr;
+    llvm::ConstantInt* index(std::int64_t v) const {
+        return llvm::ConstantInt::get(index_, std::uint64_t(v), true);
+    }
     // CPU: counted loops whose bounds are both constants carry llvm.loop.unroll.disable, so
     // the loop vectoriser sees them as loops (see for_range in kir_llvm.cpp).
     bool keep_constant_loops_ = false;

@@ -8,6 +8,7 @@
 #include "jit/nvptx.hpp"
 #include "runtime/error.hpp"
 
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include <algorithm>
@@ -43,6 +44,10 @@ class NvptxLowering final : public KirLowering {
     NvptxLowering(llvm::Module& m, const kir::Kernel& k, bool emulated)
         : KirLowering(m, k), emulated_(emulated) {
         keep_constant_loops_ = without_tensor_cores(k);
+        // 32-bit integers, emulated too (so that the emulator runs the device's arithmetic):
+        // 64-bit indices took two registers and two instructions each, and the tile programs'
+        // loop-invariant ones were what spilled.
+        index_ = b_.getInt32Ty();
     }
 
     void build(const std::string& name) {
@@ -128,8 +133,8 @@ class NvptxLowering final : public KirLowering {
         llvm::Value* mine = b_.CreateGEP(b_.getInt8Ty(), scratch, b_.CreateMul(block, offset));
         for (std::size_t k = 0; k < buffers.size(); ++k)
             if (scratch_at[k]) buffers[k] = b_.CreateGEP(b_.getInt8Ty(), mine, scratch_at[k]);
-        tid_ = sreg(Sreg::tid);
-        ntid_ = sreg(Sreg::ntid);
+        tid_ = b_.CreateTrunc(sreg(Sreg::tid), index_);
+        ntid_ = b_.CreateTrunc(sreg(Sreg::ntid), index_);
         llvm::Value* blocks = sreg(Sreg::nctaid);
         auto* pre = b_.GetInsertBlock();
         auto* head = llvm::BasicBlock::Create(ctx, "instances", fn);
@@ -178,7 +183,7 @@ class NvptxLowering final : public KirLowering {
         llvm::Function* fn = b_.GetInsertBlock()->getParent();
         auto* then = llvm::BasicBlock::Create(m_.getContext(), "thread0", fn);
         auto* done = llvm::BasicBlock::Create(m_.getContext(), "stored", fn);
-        b_.CreateCondBr(b_.CreateICmpEQ(tid_, b_.getInt64(0)), then, done);
+        b_.CreateCondBr(b_.CreateICmpEQ(tid_, index(0)), then, done);
         b_.SetInsertPoint(then);
         KirLowering::store(s);
         b_.CreateBr(done);
@@ -197,14 +202,13 @@ class NvptxLowering final : public KirLowering {
         if (k_.buffers[std::size_t(x.c.buf)].space == kir::Space::fragment) return fragment_mma(x);
         barrier();
         if (!kir::on_tensor_cores(x)) {
-            llvm::Value* n = b_.getInt64(x.n);
-            for_range(tid_, b_.getInt64(x.m * x.n), ntid_, [&](llvm::Value* e) {
+            llvm::Value* n = index(x.n);
+            for_range(tid_, index(x.m * x.n), ntid_, [&](llvm::Value* e) {
                 mma_element(x, b_.CreateUDiv(e, n), b_.CreateURem(e, n));
             });
             barrier();
             return;
         }
-        auto i64 = [&](std::int64_t v) { return b_.getInt64(v); };
         llvm::Value* lane = b_.CreateAnd(tid_, 31);
         llvm::Value* g = b_.CreateLShr(lane, 2);
         llvm::Value* t2 = b_.CreateShl(b_.CreateAnd(lane, 3), 1);
@@ -220,22 +224,22 @@ class NvptxLowering final : public KirLowering {
         for (int q = 0; q < 4; ++q) acc.push_back(entry.CreateAlloca(f32));
         llvm::FunctionType* sig = op->getFunctionType();
         for_range(
-            b_.CreateLShr(tid_, 5), i64(x.m / 16 * tiles_n), b_.CreateLShr(ntid_, 5),
+            b_.CreateLShr(tid_, 5), index(x.m / 16 * tiles_n), b_.CreateLShr(ntid_, 5),
             [&](llvm::Value* tile) {
-                llvm::Value* i0 = b_.CreateMul(b_.CreateUDiv(tile, i64(tiles_n)), i64(16));
-                llvm::Value* j0 = b_.CreateMul(b_.CreateURem(tile, i64(tiles_n)), i64(8));
+                llvm::Value* i0 = b_.CreateMul(b_.CreateUDiv(tile, index(tiles_n)), index(16));
+                llvm::Value* j0 = b_.CreateMul(b_.CreateURem(tile, index(tiles_n)), index(8));
                 llvm::Value* rows[2] = {b_.CreateAdd(i0, g),
-                                        b_.CreateAdd(i0, b_.CreateAdd(g, i64(8)))};
+                                        b_.CreateAdd(i0, b_.CreateAdd(g, index(8)))};
                 llvm::Value* cols = b_.CreateAdd(j0, t2);
                 std::vector<llvm::Value*> at;
                 for (int q = 0; q < 4; ++q) {
-                    at.push_back(element(x.c, rows[q >> 1], b_.CreateAdd(cols, i64(q & 1))));
+                    at.push_back(element(x.c, rows[q >> 1], b_.CreateAdd(cols, index(q & 1))));
                     llvm::Value* c0 = x.accumulate
                                           ? static_cast<llvm::Value*>(b_.CreateLoad(f32, at.back()))
                                           : llvm::ConstantFP::get(f32, 0.0);
                     b_.CreateStore(c0, acc[std::size_t(q)]);
                 }
-                for_range(i64(0), i64(x.k), i64(16), [&](llvm::Value* l0) {
+                for_range(index(0), index(x.k), index(16), [&](llvm::Value* l0) {
                     std::vector<llvm::Value*> args = fragment(x, false, i0, l0, lane, sig);
                     for (llvm::Value* r : fragment(x, true, j0, l0, lane, sig)) args.push_back(r);
                     for (int q = 0; q < 4; ++q)
@@ -268,9 +272,9 @@ class NvptxLowering final : public KirLowering {
         for (std::int64_t q = 0; q < slots; ++q) {
             slot_ = q;
             half_ = cols == 1 ? q : (q & 3) >> 1;
-            lets()[s.a.node().i] = b_.CreateAdd(r0, b_.getInt64(8 * half_));
+            lets()[s.a.node().i] = b_.CreateAdd(r0, index(8 * half_));
             lets()[s.b.node().i] =
-                cols == 1 ? b_.getInt64(0) : b_.CreateAdd(t2, b_.getInt64(q / 4 * 8 + (q & 1)));
+                cols == 1 ? index(0) : b_.CreateAdd(t2, index(q / 4 * 8 + (q & 1)));
             emit(s.body);
         }
         current_each_ = nullptr;
@@ -320,12 +324,11 @@ class NvptxLowering final : public KirLowering {
                                      b_.CreateLoad(f32, slot(x.a.buf, 8 * ks + 2 * r + 1)), f16,
                                      sig->getParamType(unsigned(r))));
             } else {
-                a = fragment(x, false, i0, b_.getInt64(16 * ks), lane, sig);
+                a = fragment(x, false, i0, index(16 * ks), lane, sig);
             }
             for (std::int64_t jt = 0; jt < x.n / 8; ++jt) {
                 std::vector<llvm::Value*> args = a;
-                for (llvm::Value* r :
-                     fragment(x, true, b_.getInt64(8 * jt), b_.getInt64(16 * ks), lane, sig))
+                for (llvm::Value* r : fragment(x, true, index(8 * jt), index(16 * ks), lane, sig))
                     args.push_back(r);
                 for (std::int64_t q = 0; q < 4; ++q)
                     args.push_back(b_.CreateLoad(f32, slot(x.c.buf, 4 * jt + q)));
@@ -395,11 +398,15 @@ class NvptxLowering final : public KirLowering {
                 {thread_, b_.getInt64(region), buffer(int(region)), to, from, b_.getInt64(bytes)});
             return;
         }
+        // Inline PTX, not LLVM 16's intrinsics: those select only 64-bit shared addresses, and
+        // shared pointers are 32-bit here (nvptx.cpp).
         auto* global = llvm::PointerType::get(m_.getContext(), 1);
-        b_.CreateCall(llvm::Intrinsic::getDeclaration(
-                          &m_, bytes == 16 ? llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16
-                                           : llvm::Intrinsic::nvvm_cp_async_ca_shared_global_4),
-                      {to, b_.CreateAddrSpaceCast(from, global)});
+        auto* type = llvm::FunctionType::get(b_.getVoidTy(), {b_.getInt32Ty(), global}, false);
+        const std::string text = bytes == 16 ? "cp.async.cg.shared.global [$0], [$1], 16;"
+                                             : "cp.async.ca.shared.global [$0], [$1], 4;";
+        b_.CreateCall(
+            type, llvm::InlineAsm::get(type, text, "r,l,~{memory}", true),
+            {b_.CreatePtrToInt(to, b_.getInt32Ty()), b_.CreateAddrSpaceCast(from, global)});
     }
 
     // Slot q of fragment f's registers (an entry-block array made on first use).
@@ -454,7 +461,6 @@ class NvptxLowering final : public KirLowering {
     std::vector<llvm::Value*> fragment(const kir::Mma& x, bool operand_b, llvm::Value* x0,
                                        llvm::Value* y0, llvm::Value* lane,
                                        llvm::FunctionType* sig) {
-        auto i64 = [&](std::int64_t v) { return b_.getInt64(v); };
         const kir::Matrix& mat = operand_b ? x.b : x.a;
         const int count = operand_b ? 2 : 4;
         const unsigned first = operand_b ? 4 : 0; // the intrinsic's parameter
@@ -462,7 +468,7 @@ class NvptxLowering final : public KirLowering {
             return operand_b ? element(mat, vy, vx) : element(mat, vx, vy);
         };
         auto dx = [&](llvm::Value* m) {
-            return operand_b ? i64(0) : b_.CreateShl(b_.CreateAnd(m, 1), 3);
+            return operand_b ? index(0) : b_.CreateShl(b_.CreateAnd(m, 1), 3);
         };
         auto dy = [&](llvm::Value* m) {
             return b_.CreateShl(operand_b ? m : b_.CreateLShr(m, 1), 3);
@@ -476,9 +482,9 @@ class NvptxLowering final : public KirLowering {
             for (int m = 0; m < count; ++m) {
                 llvm::Value* v[2];
                 for (int e = 0; e < 2; ++e) {
-                    llvm::Value* vx = b_.CreateAdd(b_.CreateAdd(x0, dx(i64(m))), g);
+                    llvm::Value* vx = b_.CreateAdd(b_.CreateAdd(x0, dx(index(m))), g);
                     llvm::Value* vy =
-                        b_.CreateAdd(b_.CreateAdd(y0, dy(i64(m))), b_.CreateAdd(t2, i64(e)));
+                        b_.CreateAdd(b_.CreateAdd(y0, dy(index(m))), b_.CreateAdd(t2, index(e)));
                     v[e] = widen_at(mat, at(vx, vy));
                 }
                 regs.push_back(pack(v[0], v[1], f16, sig->getParamType(first + unsigned(m))));
@@ -608,15 +614,28 @@ void lower_kir_emulated(llvm::Module& m, const kir::Kernel& k, const std::string
 }
 
 void check_kir_launch(const kir::Kernel& k, std::span<const std::uint64_t> buffers,
-                      std::size_t params, const std::string& where) {
+                      std::span<const std::int64_t> params, const std::string& where,
+                      std::span<const std::size_t> bytes) {
     const std::string kernel = where.empty() ? k.name : k.name + " " + where;
-    if (buffers.size() != k.globals() || params != k.params.size())
+    if (buffers.size() != k.globals() || params.size() != k.params.size())
         fail("internal: kernel ", kernel, " launched with ", buffers.size(), " buffers and ",
-             params, " parameters, wants ", k.globals(), " and ", k.params.size());
+             params.size(), " parameters, wants ", k.globals(), " and ", k.params.size());
     for (std::size_t i = 0; i < buffers.size(); ++i)
         if (buffers[i] % 16 != 0)
             fail("internal: kernel ", kernel, " launched with global buffer ", i,
                  " not 16-byte aligned");
+    constexpr std::int64_t limit = std::int64_t(1) << 31;
+    for (std::size_t p = 0; p < params.size(); ++p)
+        if (params[p] >= limit || params[p] < -limit)
+            fail("GPU kernel ", kernel, ": ", k.params[p], " = ", params[p],
+                 " does not fit the kernels' 32-bit indices (at most 2^31 - 1)");
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const auto elements =
+            std::int64_t(bytes[i] / std::size_t(kir::elem_bytes(k.buffers[i].elem)));
+        if (elements >= limit)
+            fail("GPU kernel ", kernel, ": buffer ", k.buffers[i].name, " holds ", elements,
+                 " elements; the kernels index at most 2^31 - 1 (split the batch)");
+    }
 }
 
 std::int64_t kir_dynamic_shared_bytes(const kir::Kernel& k) {

@@ -31,11 +31,14 @@ inline constexpr int kKirBlock = 128; // threads per block, the kernels' launch 
 std::string kir_ptx(const kir::Kernel& k, const std::string& arch);
 
 // Checks what a launch of k's entry is given: as many buffers and parameters as k declares,
-// and every buffer 16-byte aligned (copy16's vector accesses rely on it; whole device
-// allocations are 256-byte aligned). Throws rag::Error naming the kernel and `where` (the
-// emulator's "(emulated GPU)").
+// every buffer 16-byte aligned (copy16's vector accesses rely on it; whole device allocations
+// are 256-byte aligned), every parameter and, where `bytes` gives the buffers' sizes, every
+// buffer's element count below 2^31: the lowering computes the kernel IR's integers in 32 bits
+// (its indices are affine in the parameters, within the buffers they index). Throws rag::Error
+// naming the kernel and `where` (the emulator's "(emulated GPU)").
 void check_kir_launch(const kir::Kernel& k, std::span<const std::uint64_t> buffers,
-                      std::size_t params, const std::string& where);
+                      std::span<const std::int64_t> params, const std::string& where,
+                      std::span<const std::size_t> bytes = {});
 
 // The dynamic shared memory a launch of k asks for: all of its shared arrays when they pass
 // the GPU's static limit (kir::kStaticSharedBytes), else 0 (they are static arrays).

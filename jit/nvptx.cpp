@@ -9,6 +9,7 @@
 #include <llvm/Linker/Linker.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/CommandLine.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
@@ -33,6 +34,9 @@ std::unique_ptr<llvm::TargetMachine> target_machine(const std::string& arch) {
         LLVMInitializeNVPTXTarget();
         LLVMInitializeNVPTXTargetMC();
         LLVMInitializeNVPTXAsmPrinter();
+        auto& options = llvm::cl::getRegisteredOptions();
+        auto it = options.find("nvptx-short-ptr");
+        if (it != options.end()) static_cast<llvm::cl::opt<bool>*>(it->second)->setValue(true);
     });
     std::string err;
     const llvm::Target* t = llvm::TargetRegistry::lookupTarget(triple, err);

@@ -49,14 +49,14 @@ std::shared_ptr<const cuda::Buffer> zeros(std::size_t bytes) {
 using Named = std::pair<const char*, const cuda::Buffer*>;
 void launch(const GpuKernel& k, std::int64_t grid, std::initializer_list<Named> bufs,
             std::span<const std::int64_t> params) {
-    std::vector<std::uint64_t> ptrs;
+    std::vector<const cuda::Buffer*> ptrs;
     const auto& decl = k.kernel().buffers;
     for (const auto& [name, buf] : bufs) {
         const std::size_t at = ptrs.size();
         if (at >= decl.size() || decl[at].space != kir::Space::global || decl[at].name != name)
             fail("internal: ", k.kernel().name, " buffer ", at, " is ",
                  at < decl.size() ? decl[at].name : "(none)", ", launched with ", name);
-        ptrs.push_back(buf->ptr());
+        ptrs.push_back(buf);
     }
     k.launch(grid, ptrs, params);
 }

@@ -277,6 +277,48 @@ TEST(GpuEmulator, FragmentsMatchTheCpu) {
     EXPECT_EQ(ptx.find(".local"), std::string::npos) << "fragments spilled to local memory";
 }
 
+// The GPU lowering computes the kernel IR's integers in 32 bits (64-bit indices took two
+// registers each, and were what the tile programs spilled): the PTX has no 64-bit index
+// arithmetic, the emulator runs the same 32-bit code (a sum that wraps in 32 bits shows it),
+// and launches refuse parameters and buffers past 2^31 - 1.
+TEST(GpuEmulator, KernelIntegersAre32BitOnTheGpu) {
+    kir::Builder b("indices");
+    const int in = b.buffer("in", kir::Elem::f32), out = b.buffer("out", kir::Elem::i64);
+    const Expr n = b.param("n"), big = b.param("big");
+    b.loop(
+        0, n,
+        [&](Expr x) {
+            b.store(out, b.pid() * n + x, kir::to_i64(b.load(in, b.pid() * n + x)) + big + big);
+        },
+        kir::Loop::threads);
+    const kir::Kernel k = b.finish();
+    for (const std::string arch : {"sm_80", "sm_90"}) {
+        const std::string ptx = jit::kir_ptx(k, arch);
+        EXPECT_EQ(ptx.find("mul.lo.s64"), std::string::npos) << ptx;
+        EXPECT_NE(ptx.find("mul.lo.s32"), std::string::npos) << ptx;
+    }
+    std::vector<float> values = {1, 2, 3, 4, 5, 6};
+    std::vector<std::int64_t> cpu(6), emulated(6);
+    const std::int64_t params[] = {3, std::int64_t(1) << 30};
+    std::vector<void*> bufs = {values.data(), cpu.data()};
+    jit::compile_kernel_cpu(k)->launch(2, bufs, params);
+    bufs[1] = emulated.data();
+    jit::compile_kernel_emulated(k)->launch(2, bufs, params);
+    EXPECT_EQ(cpu[0], 1 + (std::int64_t(1) << 31));      // 64 bits on the CPU
+    EXPECT_EQ(emulated[0], 1 - (std::int64_t(1) << 31)); // wrapped: the GPU's 32 bits
+    const std::int64_t too_big[] = {3, std::int64_t(1) << 31};
+    EXPECT_EQ(error_of([&] { jit::compile_kernel_emulated(k)->launch(2, bufs, too_big); }),
+              "GPU kernel indices (emulated GPU): big = 2147483648 does not fit the kernels' "
+              "32-bit indices (at most 2^31 - 1)");
+    const std::uint64_t aligned[] = {256, 512};
+    const std::size_t bytes[] = {(std::size_t(1) << 31) * 4, 48};
+    EXPECT_EQ(error_of([&] { jit::check_kir_launch(k, aligned, params, "", bytes); }),
+              "GPU kernel indices: buffer in holds 2147483648 elements; the kernels index at "
+              "most 2^31 - 1 (split the batch)");
+    const std::size_t fits[] = {((std::size_t(1) << 31) - 1) * 4, 48};
+    jit::check_kir_launch(k, aligned, params, "", fits);
+}
+
 // copy16: 16-byte vector copies from a global f16 buffer into a padded shared tile (one
 // load and store each, with no scalar fallback in the PTX), then out: the CPU's values. The
 // vector accesses rely on every global buffer being 16-byte aligned at launch, so a launch

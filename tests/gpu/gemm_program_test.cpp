@@ -179,7 +179,7 @@ TEST(GemmProgram, RunsOnTheDeviceLikeOnTheCpu) {
                                 [t] { return jit::gemm_program(t); });
             const cuda::Buffer a = jit::to_device(o.a), b = jit::to_device(o.b),
                                c = jit::to_device(o.c);
-            const std::uint64_t ptrs[] = {a.ptr(), b.ptr(), c.ptr()};
+            const cuda::Buffer* ptrs[] = {&a, &b, &c};
             k.launch(o.job.grid(), ptrs, o.job.params());
             const auto got = jit::from_device(c, t, o.c.structure_ptr()).to_f64();
             const auto wv = want.to_f64();

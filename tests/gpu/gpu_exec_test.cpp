@@ -434,7 +434,7 @@ TEST(GpuExec, KernelIrLaunchesFewerBlocksThanInstances) {
     const jit::GpuKernel& k = jit::gpu_kernel("test/ids", [&] { return kb.finish(); });
     const std::int64_t grid = 100000;
     cuda::Buffer buf = jit::device_zeros(std::size_t(grid) * 8);
-    const std::uint64_t ptrs[] = {buf.ptr()};
+    const cuda::Buffer* ptrs[] = {&buf};
     k.launch(grid, ptrs, {});
     std::vector<std::int64_t> got(static_cast<std::size_t>(grid));
     cuda::download(got.data(), buf, got.size() * 8);
