@@ -161,8 +161,8 @@ struct Program {
     // Tensor-core programs whose scores add a bias without a query-side table (T5): each tile
     // pair's reachable bias rows [bias_lo, ...) staged in `bias_rows` (stage_bias, from
     // query_tile and key_tile), which score() reads instead of eb. -1: read eb.
-    // With a double-buffered key loop (`copies` 2: the forward) tile t's rows are copied with
-    // tile t's K and V (prefetch_bias, into half t % 2 at bias_at), and key_tile only points
+    // With a double-buffered loop (`copies` 2) tile t's rows are copied with the tile
+    // (prefetch_bias, into half t % 2 at bias_at), and key_tile / query_tile only point
     // score() at them.
     int bias_rows = -1;
     Expr bias_lo, bias_at = Expr(std::int64_t(0));
@@ -198,6 +198,25 @@ struct Program {
         if (!bias_prefetched) return;
         const auto [lo, count] = reach(i0, rows, j0, cols);
         stage_bias(lo, count, true, t % 2 * Expr(2 * RelposShape::J));
+    }
+    // The key pass double-buffers its query tiles' rows of lse and D (`Lt`, `Dt`: two halves
+    // of J in shared memory) and bias rows like their Q and dO: tile t's are copied in tile
+    // t's group (prefetch_query_rows, a stream's `also`) into half t % 2, and query_tile
+    // stages nothing, so the loop never waits for more than the tile it computes.
+    bool query_rows_prefetched = false;
+    void prefetch_query_rows(Expr t, Expr i0, Expr rows, Expr j0, Expr cols, int Lt, int Dt,
+                             int lse, int delta) {
+        if (!query_rows_prefetched) return;
+        Expr half = b.let(t % 2 * Expr(RelposShape::J), "half");
+        b.loop(
+            0, rows,
+            [&](Expr ii) {
+                Expr at = (o + i0 + ii) * H + h;
+                b.copy4_async(Lt, half + ii, lse, at);
+                b.copy4_async(Dt, half + ii, delta, at);
+            },
+            Loop::threads);
+        prefetch_bias(t, i0, rows, j0, cols);
     }
     // A row of `size` f32 values read element by element inside the key loop (the key pass's
     // lse and D, a tile pair's bias rows): shared memory with tensor cores while the block's
@@ -489,12 +508,11 @@ struct Program {
             body(c0);
         });
     }
-    // Double buffering of the tiles a pass streams (the forward's K and V), where asked and two
-    // of each fit in shared memory with what is staged already: tile t + 1 is copied with
-    // cp.async into buffer (t + 1) % 2 while tile t is computed. The backward passes do not
-    // ask: the buffer offset as a value (t % 2) cost them 20-50 B more spills a thread (Shaw,
-    // T5 query pass), and the loop unrolled over the two buffers (constant offsets) 200-500 B,
-    // LLVM interleaving the copies (bench/results/gpu_static.md; design.md).
+    // Double buffering of the tiles a pass streams (the forward's and query pass's K and V, the
+    // key pass's Q and dO), where two of each fit in shared memory with what is staged already
+    // (not beside both projection tiles): tile t + 1 is copied with cp.async into buffer
+    // (t + 1) % 2 while tile t is computed. The backward passes took it once 32-bit indices
+    // had freed their registers (64-bit ones: 20-50 B more spills a thread; design.md).
     struct Streamed {
         int a, b;            // the two staged arrays ([copies * J][width] each)
         std::int64_t wa, wb; // their widths
@@ -505,12 +523,11 @@ struct Program {
             return copies == 2 ? t % 2 * Expr(RelposShape::J * width) : Expr(std::int64_t(0));
         }
     };
-    Streamed streamed(const char* a, std::int64_t wa, const char* bn, std::int64_t wb,
-                      bool double_buffer) {
+    Streamed streamed(const char* a, std::int64_t wa, const char* bn, std::int64_t wb) {
         const auto J = RelposShape::J;
         const bool fits =
             shared_bytes + 2 * (staged_bytes(J, wa) + staged_bytes(J, wb)) <= kir::kSharedBytes;
-        const std::int64_t copies = double_buffer && fits ? 2 : 1;
+        const std::int64_t copies = fits ? 2 : 1;
         const int ia = staged(a, copies * J, wa), ib = staged(bn, copies * J, wb);
         return {ia, ib, wa, wb, copies};
     }
@@ -652,14 +669,24 @@ struct Program {
         int Qt, dOt, QtT, Lt, Dt, ZQ;
     };
     // The query tile from `start` against the key strip [j0, j0 + cols): stages it, reads its
-    // rows' lse and D, projects its queries onto the rows the pair reaches (from qlo).
+    // rows' lse and D, projects its queries onto the rows the pair reaches (from qlo). With
+    // query_rows_prefetched, lse, D and bias rows have landed in the tile's half `half` (t % 2).
     QueryTile query_tile(Expr start, Expr j0, Expr cols, const QueryTileBuffers& t, int dO, int lse,
-                         int delta) {
+                         int delta, Expr half = Expr(std::int64_t(0))) {
         Expr i0 = b.let(start, "i0");
         Expr rows = b.let(min(Expr(RelposShape::J), n - i0), "rows");
         if (t.Qt >= 0) stage(t.Qt, q, i0, rows, s.D);
         if (t.dOt >= 0) stage(t.dOt, dO, i0, rows, s.Dv);
         if (projects_q() && !tile_projections) stage_t(t.QtT, q, i0, rows, s.D);
+        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
+        Expr qlo = b.let(row(dmin), "qlo");
+        if (query_rows_prefetched) {
+            if (bias_prefetched) {
+                bias_lo = qlo;
+                bias_at = half * Expr(2 * RelposShape::J);
+            }
+            return {i0, rows, qlo, saturated(dmin, dmax)};
+        }
         // The rows' lse and D (and the bias rows) with 4-byte cp.async where they are in shared
         // memory, so the key loop reads global memory only through async staging.
         const bool async =
@@ -677,8 +704,6 @@ struct Program {
                 }
             },
             Loop::threads);
-        Expr dmin = b.let(i0 - (j0 + cols - 1)), dmax = b.let(i0 + rows - 1 - j0);
-        Expr qlo = b.let(row(dmin), "qlo");
         if (projects_q() && !tile_projections)
             project(t.ZQ, t.QtT, eq, qlo, row(dmax) - qlo + 1, s.bias);
         stage_bias(qlo, row(dmax) - qlo + 1, async);
@@ -934,7 +959,7 @@ kir::Kernel flash_forward_program(const RelposShape& s) {
     // column r) and zk (column c) meet no bank conflict (bench/results/gpu_static.md).
     const int Qs = p.staged("Qs", J, s.D);
     const auto tp = p.take_tile_projections(J + 4, J + 5);
-    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, true);
+    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv);
     const int Ks = kv.a, Vs = kv.b;
     p.take_bias_rows(kv.copies);
     const int S = b.fragment("S", J), O = b.fragment("O", s.Dv);
@@ -1209,9 +1234,9 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
     const auto [dO, out, lse, dq, delta, zq_part, zb_part, range] = p.query_grad_globals();
     const int Qs = p.staged("Qs", J, s.D), dOs = p.staged("dOs", J, s.Dv);
     const auto tp = p.take_tile_projections(J + 4, J + 5); // rows: queries, as the forward's
-    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv, false);
+    const auto kv = p.streamed("Ks", s.D, "Vs", s.Dv);
     const int Ks = kv.a, Vs = kv.b;
-    p.take_bias_rows();
+    p.take_bias_rows(kv.copies);
     const int Dg = b.scratch("Dg", p.G), Lg = b.scratch("Lg", p.G);
     const int dZ = b.scratch("dZ", by_row ? p.G * p.W : Expr(1));
     const int dSx = b.scratch("dSx", by_row ? Expr(J * J) : Expr(1)); // [query][key]
@@ -1244,44 +1269,49 @@ kir::Kernel flash_query_grad_program(const RelposShape& s) {
         });
         b.each(dQ, [&](Expr, Expr) { b.put(dQ, 0.0); });
         Expr kend = b.let(s.causal ? min(n, i0 + rows) : n, "kend");
-        p.stream(kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J), [&](Expr t) {
-            const bool two = kv.copies == 2;
-            const auto tile = p.key_tile(t, i0, rows, kend, two ? -1 : Ks, -1, two ? -1 : Vs, -1);
-            p.project_pair(tp, Qs, 0, Ks, kv.at(t, s.D), tile.klo, tile.saturated);
-            // The tile's keys in halves (as the key pass does its queries): S and dP of a half
-            // are 16 registers a thread each beside dQ's 32.
-            p.halves({S, Qs, Ks, s.D, kv.at(t, s.D)}, {dP, dOs, Vs, s.Dv, kv.at(t, s.Dv)},
-                     [&](Expr c0) {
-                         b.each(S, [&](Expr r,
-                                       Expr ch) { // r: a query of the strip, c: a key of the tile
-                             Expr c = b.let(c0 + ch, "c");
-                             Expr ra = b.let(min(r, rows - 1), "ra"),
-                                  ca = b.let(min(c, tile.cols - 1), "ca");
-                             Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
-                             Expr u = b.let(p.pair_row(i - j), "u");
-                             Expr sc = p.masked(p.score(b.here(S), ra, ca, u, tp.zq, tile.klo,
-                                                        tp.zk, tile.klo, i, j),
-                                                i, j);
-                             Expr pr = b.let(
-                                 select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)),
-                                 "p");
-                             b.put(S, pr * (b.here(dP) - b.here(Dv)) * s.scale);
-                             if (by_row) b.store(dSx, r * J + c, b.here(S));
-                         });
-                         // dQ += dS K over the half's keys: dS rounded to the data's type by the
-                         // mma, as FlashAttention does.
-                         b.mma({dQ, 0, s.D, 1}, {S, 0, Jh, 1},
-                               {Ks, kv.at(t, s.D) + c0 * s.D, s.D, 1}, J, s.D, Jh, p.precision());
-                     });
-            if (by_row)
-                b.loop(
-                    0, rows,
-                    [&](Expr g) {
-                        p.by_offset(dZ, g * p.W - qlo, dSx, g * J, 1, tile.cols, i0 + g - tile.j0,
-                                    -1);
-                    },
-                    Loop::threads);
-        });
+        p.stream(
+            kv, p.k, p.v, Expr(std::int64_t(0)), kend, kir::ceil_div(kend, J),
+            [&](Expr t) {
+                const bool two = kv.copies == 2;
+                const auto tile =
+                    p.key_tile(t, i0, rows, kend, two ? -1 : Ks, -1, two ? -1 : Vs, -1);
+                p.project_pair(tp, Qs, 0, Ks, kv.at(t, s.D), tile.klo, tile.saturated);
+                // The tile's keys in halves (as the key pass does its queries): S and dP of a half
+                // are 16 registers a thread each beside dQ's 32.
+                p.halves(
+                    {S, Qs, Ks, s.D, kv.at(t, s.D)}, {dP, dOs, Vs, s.Dv, kv.at(t, s.Dv)},
+                    [&](Expr c0) {
+                        b.each(S, [&](Expr r,
+                                      Expr ch) { // r: a query of the strip, c: a key of the tile
+                            Expr c = b.let(c0 + ch, "c");
+                            Expr ra = b.let(min(r, rows - 1), "ra"),
+                                 ca = b.let(min(c, tile.cols - 1), "ca");
+                            Expr i = b.let(i0 + ra, "i"), j = b.let(tile.j0 + ca, "j");
+                            Expr u = b.let(p.pair_row(i - j), "u");
+                            Expr sc = p.masked(p.score(b.here(S), ra, ca, u, tp.zq, tile.klo, tp.zk,
+                                                       tile.klo, i, j),
+                                               i, j);
+                            Expr pr = b.let(
+                                select(r < rows && c < tile.cols, exp(sc - b.here(Lv)), Expr(0.0)),
+                                "p");
+                            b.put(S, pr * (b.here(dP) - b.here(Dv)) * s.scale);
+                            if (by_row) b.store(dSx, r * J + c, b.here(S));
+                        });
+                        // dQ += dS K over the half's keys: dS rounded to the data's type by the
+                        // mma, as FlashAttention does.
+                        b.mma({dQ, 0, s.D, 1}, {S, 0, Jh, 1},
+                              {Ks, kv.at(t, s.D) + c0 * s.D, s.D, 1}, J, s.D, Jh, p.precision());
+                    });
+                if (by_row)
+                    b.loop(
+                        0, rows,
+                        [&](Expr g) {
+                            p.by_offset(dZ, g * p.W - qlo, dSx, g * J, 1, tile.cols,
+                                        i0 + g - tile.j0, -1);
+                        },
+                        Loop::threads);
+            },
+            [&](Expr t, Expr j0, Expr cols) { p.prefetch_bias(t, i0, rows, j0, cols); });
         b.each(dQ, [&](Expr r, Expr x) { b.store(dQx, r * s.D + x, b.here(dQ)); });
         p.finish_query_strip(dQx, dq, i0, rows, dZ, qlo, wq, zq_part, zb_part,
                              part * p.WP + qlo - slo, Qs);
@@ -1373,13 +1403,15 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
     const auto [dO, lse, delta, dk, dv, zk_part, range] = p.key_grad_globals();
     const int Ks = p.staged("Ks", J, s.D), Vs = p.staged("Vs", J, s.Dv);
     const auto tp = p.take_tile_projections(J + 3, J + 4); // rows: keys
-    const auto qd = p.streamed("Qt", s.D, "dOt", s.Dv, false);
+    const auto qd = p.streamed("Qt", s.D, "dOt", s.Dv);
     const int Qt = qd.a, dOt = qd.b;
     const int dZ = b.scratch("dZ", s.ak ? p.G * p.W : Expr(1));
     const int dSx = b.scratch("dSx", s.ak ? Expr(J * J) : Expr(1)); // [key][query]
     const int dKx = b.scratch("dKx", p.G * s.D);
-    const int Lt = p.small("Lt", J), Dt = p.small("Dt", J);
-    p.take_bias_rows();
+    const int Lt = p.small("Lt", qd.copies * J), Dt = p.small("Dt", qd.copies * J);
+    p.take_bias_rows(qd.copies);
+    p.query_rows_prefetched = qd.copies == 2 && b.decl(Lt).space == kir::Space::shared &&
+                              b.decl(Dt).space == kir::Space::shared;
     const auto Jh = Program::Jh;
     const int P = b.fragment("P", Jh), dS = b.fragment("dS", Jh);
     const int dK = b.fragment("dK", s.D), dV = b.fragment("dV", s.Dv);
@@ -1399,45 +1431,57 @@ kir::Kernel flash_key_grad_program(const RelposShape& s) {
         b.each(dK, [&](Expr, Expr) { b.put(dK, 0.0); });
         b.each(dV, [&](Expr, Expr) { b.put(dV, 0.0); });
         Expr first = b.let(s.causal ? j0 : Expr(0), "first"); // queries that see these keys
-        p.stream(qd, p.q, dO, first, n, kir::ceil_div(n - first, J), [&](Expr t) {
-            const bool two = qd.copies == 2;
-            const auto [i0, rows, qlo, saturated] =
-                p.query_tile(first + t * J, j0, cols,
-                             {two ? -1 : Qt, two ? -1 : dOt, -1, Lt, Dt, -1}, dO, lse, delta);
-            p.project_pair(tp, Qt, qd.at(t, s.D), Ks, 0, qlo, saturated);
-            // The tile's queries in halves: P^T and dS^T of a half are 16 registers a thread
-            // each rather than 32, beside dK and dV's 64 (a whole tile spilled).
-            p.halves(
-                {P, Ks, Qt, s.D, qd.at(t, s.D)}, {dS, Vs, dOt, s.Dv, qd.at(t, s.Dv)}, [&](Expr c0) {
-                    b.each(P, [&](Expr r,
-                                  Expr ch) { // r: a key of the strip, c: a query of the tile
-                        Expr c = b.let(c0 + ch, "c");
-                        Expr ra = b.let(min(r, cols - 1), "ra"), ca = b.let(min(c, rows - 1), "ca");
-                        Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
-                        Expr u = b.let(p.pair_row(i - j), "u");
-                        Expr sc = p.masked(
-                            p.score(b.here(P), ca, ra, u, tp.zq, qlo, tp.zk, qlo, i, j), i, j);
-                        Expr pr = b.let(
-                            select(r < cols && c < rows, exp(sc - b.load(Lt, ca)), Expr(0.0)), "p");
-                        b.put(P, pr);
-                        b.put(dS, pr * (b.here(dS) - b.load(Dt, ca)) * s.scale);
-                        if (s.ak) b.store(dSx, r * J + c, b.here(dS));
+        p.stream(
+            qd, p.q, dO, first, n, kir::ceil_div(n - first, J),
+            [&](Expr t) {
+                const bool two = qd.copies == 2;
+                // Where the tile's lse and D are (prefetched: its half of Lt and Dt).
+                Expr rows_at = p.query_rows_prefetched ? b.let(t % 2 * Expr(J), "rows_at")
+                                                       : Expr(std::int64_t(0));
+                const auto [i0, rows, qlo, saturated] = p.query_tile(
+                    first + t * J, j0, cols, {two ? -1 : Qt, two ? -1 : dOt, -1, Lt, Dt, -1}, dO,
+                    lse, delta, t % 2);
+                p.project_pair(tp, Qt, qd.at(t, s.D), Ks, 0, qlo, saturated);
+                // The tile's queries in halves: P^T and dS^T of a half are 16 registers a thread
+                // each rather than 32, beside dK and dV's 64 (a whole tile spilled).
+                p.halves(
+                    {P, Ks, Qt, s.D, qd.at(t, s.D)}, {dS, Vs, dOt, s.Dv, qd.at(t, s.Dv)},
+                    [&](Expr c0) {
+                        b.each(P, [&](Expr r,
+                                      Expr ch) { // r: a key of the strip, c: a query of the tile
+                            Expr c = b.let(c0 + ch, "c");
+                            Expr ra = b.let(min(r, cols - 1), "ra"),
+                                 ca = b.let(min(c, rows - 1), "ca");
+                            Expr i = b.let(i0 + ca, "i"), j = b.let(j0 + ra, "j");
+                            Expr u = b.let(p.pair_row(i - j), "u");
+                            Expr sc = p.masked(
+                                p.score(b.here(P), ca, ra, u, tp.zq, qlo, tp.zk, qlo, i, j), i, j);
+                            Expr pr = b.let(select(r < cols && c < rows,
+                                                   exp(sc - b.load(Lt, rows_at + ca)), Expr(0.0)),
+                                            "p");
+                            b.put(P, pr);
+                            b.put(dS, pr * (b.here(dS) - b.load(Dt, rows_at + ca)) * s.scale);
+                            if (s.ak) b.store(dSx, r * J + c, b.here(dS));
+                        });
+                        // dV += P^T dO and dK += dS^T Q over the half's queries, P and dS rounded
+                        // to the data's type by the mma.
+                        b.mma({dV, 0, s.Dv, 1}, {P, 0, Jh, 1},
+                              {dOt, qd.at(t, s.Dv) + c0 * s.Dv, s.Dv, 1}, J, s.Dv, Jh,
+                              p.precision());
+                        b.mma({dK, 0, s.D, 1}, {dS, 0, Jh, 1},
+                              {Qt, qd.at(t, s.D) + c0 * s.D, s.D, 1}, J, s.D, Jh, p.precision());
                     });
-                    // dV += P^T dO and dK += dS^T Q over the half's queries, P and dS rounded to
-                    // the data's type by the mma.
-                    b.mma({dV, 0, s.Dv, 1}, {P, 0, Jh, 1},
-                          {dOt, qd.at(t, s.Dv) + c0 * s.Dv, s.Dv, 1}, J, s.Dv, Jh, p.precision());
-                    b.mma({dK, 0, s.D, 1}, {dS, 0, Jh, 1}, {Qt, qd.at(t, s.D) + c0 * s.D, s.D, 1},
-                          J, s.D, Jh, p.precision());
-                });
-            if (s.ak)
-                b.loop(
-                    0, cols,
-                    [&](Expr jj) {
-                        p.by_offset(dZ, jj * p.W - klo, dSx, jj * J, 1, rows, i0 - j0 - jj, 1);
-                    },
-                    Loop::threads);
-        });
+                if (s.ak)
+                    b.loop(
+                        0, cols,
+                        [&](Expr jj) {
+                            p.by_offset(dZ, jj * p.W - klo, dSx, jj * J, 1, rows, i0 - j0 - jj, 1);
+                        },
+                        Loop::threads);
+            },
+            [&](Expr t, Expr from, Expr count) {
+                p.prefetch_query_rows(t, from, count, j0, cols, Lt, Dt, lse, delta);
+            });
         b.each(dK, [&](Expr r, Expr x) { b.store(dKx, r * s.D + x, b.here(dK)); });
         b.each(dV, [&](Expr r, Expr x) {
             b.when(r < cols, [&] { b.store(dv, p.at(j0 + r, x, s.Dv), b.here(dV)); });

@@ -53,12 +53,13 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
         }
         with_mma = 0;
     }
-    // Which forwards project both query and key terms per tile (their projection tiles take
-    // the shared memory a second K and V buffer would).
+    // Which passes project both query and key terms per tile (their projection tiles take
+    // the shared memory a second buffer of the streamed tiles would).
     std::set<const kir::Kernel*> both_projections;
     for (std::size_t k = 1; k < kernels.size(); k += 3)
         if (shapes()[(k - 1) / 3].aq && shapes()[(k - 1) / 3].ak)
-            both_projections.insert(&kernels[k]);
+            for (std::size_t pass = 0; pass < 3; ++pass)
+                both_projections.insert(&kernels[k + pass]);
     for (const kir::Kernel& k : kernels)
         for (const char* arch : {"sm_80", "sm_90"}) {
             const std::string ptx = jit::kir_ptx(k, arch);
@@ -90,11 +91,20 @@ TEST(KirPtx, EveryRelposTileProgramAssembles) {
             EXPECT_EQ(ptx.find("ldmatrix.sync.aligned.m8n8") != std::string::npos, mma) << k.name;
             if (mma && k.name == "relpos_forward") {
                 EXPECT_NE(ptx.find("shfl.sync.bfly.b32"), std::string::npos);
-                // K and V double-buffered: tile t + 1 copied with cp.async while t is computed,
-                // but beside both projection tiles (tensor-core products into shared memory).
+            }
+            if (mma) {
+                // The streamed tiles (the forward's and query pass's K and V, the key pass's Q
+                // and dO) double-buffered: tile t + 1 copied with cp.async while t is computed,
+                // but not beside both projection tiles (tensor-core products into shared
+                // memory).
                 const bool both = both_projections.count(&k) > 0;
                 EXPECT_EQ(count(ptx, "cp.async.cg.shared.global"), both ? 0u : 4u) << ptx;
                 EXPECT_EQ(count(ptx, "cp.async.wait_group 1;"), both ? 0u : 2u) << ptx;
+                // Double-buffered, the loop waits for its own tile alone: the rows a tile reads
+                // element by element (bias rows; the key pass's lse and D) come in its group.
+                if (!both) {
+                    EXPECT_EQ(count(ptx, "cp.async.wait_group 0;"), 0u) << ptx;
+                }
                 EXPECT_EQ(kir::print(k).find("ZKt") != std::string::npos, both);
             }
             PtxasResult r = run_ptxas(ptx, arch);
