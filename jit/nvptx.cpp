@@ -34,6 +34,9 @@ std::unique_ptr<llvm::TargetMachine> target_machine(const std::string& arch) {
         LLVMInitializeNVPTXTarget();
         LLVMInitializeNVPTXTargetMC();
         LLVMInitializeNVPTXAsmPrinter();
+        // 32-bit pointers to shared memory (clang's -fcuda-short-ptr): shared addresses are
+        // below 228 KiB, and 64-bit ones took two registers each in the tile programs. An
+        // LLVM option, so it holds for every NVPTX target machine of the process.
         auto& options = llvm::cl::getRegisteredOptions();
         auto it = options.find("nvptx-short-ptr");
         if (it != options.end()) static_cast<llvm::cl::opt<bool>*>(it->second)->setValue(true);

@@ -158,6 +158,10 @@ TEST(GpuExec, DeviceCopiesAndBorrowedMemory) {
     const auto after = cuda::memory_stats();
     EXPECT_EQ(after.in_use, before.in_use);
     EXPECT_EQ(after.cached, before.cached);
+    // A DLPack consumer's stream waits for rag's: CUDA's legacy and per-thread default streams
+    // (on a device an event and cuStreamWaitEvent; nothing to order when emulated).
+    cuda::order_before(1);
+    cuda::order_before(2);
     cuda::order_before(-1); // no synchronisation asked for
     EXPECT_THROW(cuda::order_before(0), Error);
 }

@@ -143,26 +143,7 @@ def test_cuda_dlpack_on_the_emulated_device():
 
     child = r"""
 import ctypes, numpy as np, pytest, rag
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
-                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
-                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
-                ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-class Managed(ctypes.Structure):
-    _fields_ = [("dl", DLTensor), ("ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-class Versioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl", DLTensor)]
-
-def opened(cap, kind):
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    name = b"dltensor_versioned" if kind is Versioned else b"dltensor"
-    return kind.from_address(get(cap, name))
+from dlpack_abi import DLTensor, Managed, Versioned, new_capsule, opened
 
 SRC = '''
 fn f(x: f32[B, ~N, 4]) -> f32[B, ~N, 4] { return x * 2.0 }
@@ -181,7 +162,7 @@ def uploaded(arg):
 y = m.f(x)
 assert y.device == "cuda" and y.__dlpack_device__() == (2, 0)
 cap = y.__dlpack__(stream=1)
-dl = opened(cap, Managed).dl
+dl = opened(cap, Managed).dl_tensor
 assert (dl.device_type, dl.device_id, dl.ndim, dl.shape[0], dl.shape[1]) == (2, 0, 2, 8, 4)
 first = lambda t: t.to("cpu").values[0, 0]  # a host copy; `values` would take t to the host
 assert first(y) == want[0, 0]
@@ -192,7 +173,7 @@ del cap
 
 copied = y.__dlpack__(copy=True, max_version=(1, 0))
 v = opened(copied, Versioned)
-assert v.flags & 2 and v.dl.device_type == 2 and v.dl.data != dl.data  # DLPack IS_COPIED
+assert v.flags & 2 and v.dl_tensor.device_type == 2 and v.dl_tensor.data != dl.data  # IS_COPIED
 for bad in (0, -2):
     with pytest.raises(BufferError, match="not a CUDA stream"):
         y.__dlpack__(stream=bad)
@@ -217,7 +198,7 @@ assert up_z == up_y and up_x - up_y == 8 * 4 * 4, (up_x, up_y, up_z)
 np.testing.assert_array_equal(np.concatenate(out.to_list()), 2 * want)
 
 w = rag.from_dlpack(copied)  # the copy: its own memory
-ctypes.c_float.from_address(v.dl.data).value = -1.0
+ctypes.c_float.from_address(v.dl_tensor.data).value = -1.0
 assert w.device == "cuda" and first(w) == -1.0 and first(y) == want[0, 0]
 
 # A DLTensor made here: device memory of the emulated device is host memory.
@@ -227,9 +208,7 @@ def capsule(a, offset=0, strides=None, device=(2, 0)):
     mt = Managed(DLTensor(a.ctypes.data, device[0], device[1], a.ndim, 2, 32, 1, shape, st,
                           offset), None, None)
     keep.append((a, shape, st, mt))
-    new = ctypes.pythonapi.PyCapsule_New
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-    return new(ctypes.addressof(mt), b"dltensor", None)
+    return new_capsule(mt)
 
 keep = []
 raw = np.zeros(33, np.float32)
@@ -249,9 +228,11 @@ with pytest.raises(rag.Error, match="on CUDA device 1; rag runs on device 0"):
     rag.from_dlpack(capsule(aligned, device=(2, 1)))
 
 host = y.__dlpack__(dl_device=(1, 0))  # asked for on the CPU: the host bytes, from now on
-assert opened(host, Managed).dl.device_type == 1 and y.device == "cpu"
+assert opened(host, Managed).dl_tensor.device_type == 1 and y.device == "cpu"
 print("ok")
 """
-    env = dict(os.environ, RAG_GPU_EMULATE="1")
+    here = os.path.dirname(os.path.abspath(__file__))  # dlpack_abi
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, RAG_GPU_EMULATE="1", PYTHONPATH=path)
     out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -5,6 +5,7 @@ import gc
 import numpy as np
 import pytest
 import rag
+from dlpack_abi import DLTensor, Versioned, capsule_name, new_capsule
 
 NUMPY_DTYPES = {
     "f16": np.float16,
@@ -123,12 +124,6 @@ def test_bf16_exports_as_bfloat16():
 # ---- DLPack 1.x: versioned capsules ---------------------------------------------------------
 
 
-def capsule_name(cap):
-    get = ctypes.pythonapi.PyCapsule_GetName
-    get.restype, get.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    return get(cap).decode()
-
-
 class Spy:
     """A producer that forwards to `inner` and records what the consumer asked for and got."""
 
@@ -226,28 +221,12 @@ def test_legacy_producers_get_the_legacy_call():
     np.testing.assert_array_equal(t.numpy(), a)
 
 
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
-                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
-                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
-                ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class Versioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
-                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
-                ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
-
-
 def handmade_capsule(array, major, flags):
     """A "dltensor_versioned" capsule built field by field (no deleter: `array` stays alive)."""
     shape = (ctypes.c_int64 * array.ndim)(*array.shape)
     dl = DLTensor(array.ctypes.data, 1, 0, array.ndim, 2, 32, 1, shape, None, 0)
     m = Versioned(major, 0, None, None, flags, dl)
-    new = ctypes.pythonapi.PyCapsule_New
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-    return new(ctypes.addressof(m), b"dltensor_versioned", None), (m, shape)
+    return new_capsule(m), (m, shape)
 
 
 def test_versioned_fields_are_read_by_their_abi():
