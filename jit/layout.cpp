@@ -326,6 +326,9 @@ LayoutKind layout_kind(const ir::Function& f, const ir::Node& n) {
     return LayoutKind::none;
 }
 
+// Views (index keeping every item, reshape, index_grad, transposes of whole storage) share x's
+// values through with_structure, residency included: on the GPU tier a device-resident x stays
+// on the device, where taking its buffer() would download it.
 RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals) {
     const RaggedTensor& x = vals[std::size_t(n.args[0])];
     if ((n.op == "index" || n.op == "index_grad") &&
@@ -334,7 +337,7 @@ RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals
     if (n.op == "index") {
         auto is_new = *keep_new_items(x.shape(), n.attrs.get_str("spec"));
         auto st = Structure::make(n.type.shape, x.batch(), indexed_sizes(x.structure(), is_new));
-        return RaggedTensor(x.dtype(), st, x.buffer());
+        return x.with_structure(st);
     }
     if (n.op == "reshape") // the op's kernel only rebuilds the structure over x's buffer
         return evaluate("reshape", {x}, n.attrs);
@@ -345,11 +348,11 @@ RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals
         if (x.batch() != like.batch() ||
             x.structure().sizes() != indexed_sizes(like.structure(), is_new))
             return reference_kernel("index_grad", {x, like}, n.attrs); // names the sample
-        return RaggedTensor(like.dtype(), like.structure_ptr(), x.buffer());
+        return x.with_structure(like.structure_ptr());
     }
     const TransposePlan p = transpose_plan(x.shape(), n.attrs);
     StructurePtr st = transposed_structure(x, n.type.shape, p.a, p.b);
-    if (p.kind == LayoutKind::view) return RaggedTensor(x.dtype(), st, x.buffer());
+    if (p.kind == LayoutKind::view) return x.with_structure(st);
     return p.whole_rows ? permute_rows(x, st, p.a, p.b) : transpose_elements(x, st, p.a, p.b);
 }
 

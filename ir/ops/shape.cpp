@@ -154,7 +154,7 @@ RaggedTensor reshape_kernel(const RaggedTensor& x, const Attrs& at) {
         out.insert(out.end(), extents.begin(), extents.end());
         return out;
     });
-    return RaggedTensor(x.dtype(), st, x.buffer());
+    return x.with_structure(st); // a view: device-resident values stay on the device
 }
 
 // ---- concat ----

@@ -236,3 +236,33 @@ print("ok")
     env = dict(os.environ, RAG_GPU_EMULATE="1", PYTHONPATH=path)
     out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_views_keep_device_values_on_the_device():
+    """A view step (reshape) between device steps is a host step of metadata only: it shares
+    its input's values, residency included, so nothing is downloaded (its buffer() would)."""
+    import os
+    import subprocess
+    import sys
+
+    child = """
+import numpy as np, rag
+SRC = '''
+fn f(x: f32[B, ~N, 4, 2]) -> f32[B, ~N, 8] {
+    return reshape(x * 2.0, 8) + 1.0
+}
+'''
+m, cpu = rag.compile(SRC, device="cuda"), rag.compile(SRC)
+rng = np.random.default_rng(0)
+x = rag.ragged([rng.standard_normal((n, 4, 2)).astype(np.float32) for n in (3, 0, 5)])
+y = m.f(x)
+st = m.stats()["f"]
+assert st["steps"]["host"] == {"reshape_f32": 1} and st["steps"]["device"] == 2, st
+assert st["downloaded_bytes"] == 0, st
+assert y.device == "cuda"
+np.testing.assert_allclose(y.to("cpu").values, cpu.f(x).values, rtol=1e-6)
+print("ok")
+"""
+    env = dict(os.environ, RAG_GPU_EMULATE="1")
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
