@@ -7,6 +7,7 @@
 #include "jit/gemm_programs.hpp"
 #include "jit/kir_emulator.hpp"
 #include "jit/kir_gpu.hpp"
+#include "jit/layout_programs.hpp"
 #include "jit/norm_programs.hpp"
 #include "jit/placement.hpp"
 #include "jit/reduce_programs.hpp"
@@ -79,6 +80,23 @@ bool run_segment_program(const ir::Node& n, std::size_t i, std::vector<RaggedTen
     ptrs.push_back(&out);
     k.launch(job->grid(), ptrs, {});
     vals[i] = dev.result(std::move(out), DType::f32, job->out);
+    return true;
+}
+
+// Transposes of static axes (a weight's, in every backward through x @ W) on the device through
+// the transpose program (jit/layout_programs.hpp). Says whether node i ran here.
+bool run_transpose_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals,
+                           DeviceValues& dev) {
+    const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    std::optional<TransposeJob> job = transpose_job(n, x);
+    if (!job) return false;
+    const DType t = n.type.dtype;
+    const GpuKernel& k =
+        gpu_kernel("transpose/" + std::string(dtype_name(t)), [t] { return transpose_program(t); });
+    cuda::Buffer out = device_buffer(std::size_t(job->total) * dtype_size(t));
+    const cuda::Buffer* ptrs[] = {&dev.of(x), &out};
+    k.launch(job->grid(), ptrs, job->params());
+    vals[i] = dev.result(std::move(out), t, job->out);
     return true;
 }
 
@@ -291,7 +309,8 @@ class CompiledGpu final : public GpuFunction {
                 count(place, n, refs, true);
                 continue;
             }
-            if (run_segment_program(n, i, vals, dev) || run_gemm_program(n, i, vals, dev) ||
+            if (run_segment_program(n, i, vals, dev) || run_transpose_program(n, i, vals, dev) ||
+                run_gemm_program(n, i, vals, dev) ||
                 run_norm_program(f_, s.index, s.also, vals, dev) ||
                 run_biased_program(f_, s.index, s.also, vals, dev)) {
                 count(place, n, refs, true);

@@ -95,6 +95,8 @@ TransposePlan transpose_plan(const Shape& x, const Attrs& at) {
     return p;
 }
 
+} // namespace
+
 StructurePtr transposed_structure(const RaggedTensor& x, const Shape& out, int a, int b) {
     std::vector<std::int64_t> sizes = x.structure().sizes();
     const int d = x.structure().rank();
@@ -102,6 +104,8 @@ StructurePtr transposed_structure(const RaggedTensor& x, const Shape& out, int a
         std::swap(sizes[std::size_t(i * d + a)], sizes[std::size_t(i * d + b)]);
     return Structure::make(out, x.batch(), std::move(sizes));
 }
+
+namespace {
 
 // y = transpose(x) when only ragged axes change order: row r of y is a row of x, found from the
 // ragged extents of its sample; rows are copied whole.

@@ -22,5 +22,7 @@ enum class LayoutKind { none, view, permute, slice };
 LayoutKind layout_kind(const ir::Function& f, const ir::Node& n);
 // Runs node n (layout_kind != none); vals holds its arguments.
 RaggedTensor run_layout(const ir::Node& n, const std::vector<RaggedTensor>& vals);
+// The structure of transpose(x) swapping per-sample axes a and b, of shape `out`.
+StructurePtr transposed_structure(const RaggedTensor& x, const Shape& out, int a, int b);
 
 } // namespace rag::jit

@@ -266,3 +266,35 @@ print("ok")
     env = dict(os.environ, RAG_GPU_EMULATE="1")
     out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_transposes_of_static_axes_run_on_the_device():
+    """A weight's transpose and a swap of a batch's static axes run as the transpose program
+    (jit/layout_programs.hpp): device steps, nothing downloaded, the CPU's values."""
+    import os
+    import subprocess
+    import sys
+
+    child = """
+import numpy as np, rag
+SRC = '''
+fn f(x: f32[B, ~N, 4, 2], w: f32[3, 5]) -> (f32[B, ~N, 2, 4], f32[5, 3]) {
+    return (transpose(x * 2.0, a=2, b=3), transpose(w * 2.0, a=0, b=1))
+}
+'''
+m, cpu = rag.compile(SRC, device="cuda"), rag.compile(SRC)
+rng = np.random.default_rng(0)
+x = rag.ragged([rng.standard_normal((n, 4, 2)).astype(np.float32) for n in (3, 0, 5)])
+w = rng.standard_normal((3, 5)).astype(np.float32)
+y, wt = m.f(x, w)
+st = m.stats()["f"]
+assert st["steps"]["host"] == {} and st["steps"]["reference"] == {}, st
+assert st["downloaded_bytes"] == 0, st
+want_y, want_wt = cpu.f(x, w)
+np.testing.assert_array_equal(y.to("cpu").values, want_y.values)
+np.testing.assert_array_equal(wt, want_wt)  # unbatched results come back as arrays
+print("ok")
+"""
+    env = dict(os.environ, RAG_GPU_EMULATE="1")
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
