@@ -13,6 +13,7 @@
 #include "jit/reduce_programs.hpp"
 #include "jit/relpos_gpu.hpp"
 #include "jit/relpos_step.hpp"
+#include "jit/segmented.hpp"
 #include "runtime/cuda.hpp"
 #include "runtime/error.hpp"
 
@@ -109,6 +110,34 @@ void sum_partials(const cuda::Buffer& part, std::int64_t P, std::int64_t C, DTyp
     const cuda::Buffer* ptrs[] = {&part, &out};
     const std::int64_t params[] = {P, C};
     sums.launch(column_sums_grid(C), ptrs, params);
+}
+
+// sum_to onto an unbatched value of g's trailing static axes (a bias gradient: the sum of g's
+// rows) on the device when g is there: per-block partials in row order (row_sums), summed in
+// block order (column_sums). Says whether node i ran here.
+bool run_sum_to_program(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals,
+                        DeviceValues& dev) {
+    if (n.op != "sum_to") return false;
+    const RaggedTensor& g = vals[std::size_t(n.args[0])];
+    const RaggedTensor& like = vals[std::size_t(n.args[1])];
+    const DType t = n.type.dtype;
+    if (g.dtype() != t || (t != DType::f32 && t != DType::f16 && t != DType::bf16)) return false;
+    const std::optional<std::int64_t> C = sum_to_columns(g.shape(), like.shape());
+    if (!C || *C == 0 || g.numel() == 0) return false; // the host's zeros
+    // Where g is: a host value (a table gradient folded on the host) is summed there, which
+    // moves nothing, where the device would take an upload of g for a result of C elements.
+    if (!g.device_copy()) return false;
+    const std::int64_t R = g.numel() / *C, P = row_sums_grid(R);
+    const GpuKernel& rows =
+        gpu_kernel("row_sums/" + std::string(dtype_name(t)), [t] { return row_sums_program(t); });
+    cuda::Buffer part = device_buffer(std::size_t(P * *C) * 4);
+    const cuda::Buffer* ptrs[] = {&dev.of(g), &part};
+    const std::int64_t params[] = {R, *C};
+    rows.launch(P, ptrs, params);
+    cuda::Buffer out = device_buffer(std::size_t(*C) * dtype_size(t));
+    sum_partials(part, P, *C, t, out);
+    vals[i] = dev.result(std::move(out), t, like.structure_ptr());
+    return true;
 }
 
 // x @ W over packed rows and weight gradients (f32, f16, bf16) on the device through the GEMM
@@ -310,7 +339,7 @@ class CompiledGpu final : public GpuFunction {
                 continue;
             }
             if (run_segment_program(n, i, vals, dev) || run_transpose_program(n, i, vals, dev) ||
-                run_gemm_program(n, i, vals, dev) ||
+                run_sum_to_program(n, i, vals, dev) || run_gemm_program(n, i, vals, dev) ||
                 run_norm_program(f_, s.index, s.also, vals, dev) ||
                 run_biased_program(f_, s.index, s.also, vals, dev)) {
                 count(place, n, refs, true);

@@ -125,6 +125,23 @@ kir::Kernel column_sums_program(DType t) {
     return b.finish();
 }
 
+kir::Kernel row_sums_program(DType t) {
+    kir::Builder b("row_sums_" + std::string(dtype_name(t)));
+    Expr R = b.param("R"), C = b.param("C");
+    const int x = b.buffer("x", elem(t)), part = b.buffer("part", kir::Elem::f32);
+    Expr r0 = b.let(b.pid() * kSumRows, "r0");
+    Expr r1 = b.let(min(R, r0 + kSumRows), "r1");
+    b.loop(
+        0, C,
+        [&](Expr c) {
+            int sum = b.var(Type::f32, 0.0);
+            b.loop(r0, r1, [&](Expr r) { b.set(sum, b.get(sum) + b.load(x, r * C + c)); });
+            b.store(part, b.pid() * C + c, b.get(sum));
+        },
+        Loop::threads);
+    return b.finish();
+}
+
 std::optional<NormJob> norm_job(const ir::Function& f, int i, const std::vector<int>& also,
                                 const std::vector<RaggedTensor>& vals) {
     const ir::Node& n = f.nodes[std::size_t(i)];

@@ -31,6 +31,15 @@ kir::Kernel column_sums_program(DType t);
 inline std::int64_t column_sums_grid(std::int64_t C) {
     return (C + kSumColumns - 1) / kSumColumns;
 }
+// The first stage of a sum of R rows of C elements (sum_to to a bias, on the GPU tier):
+// part[k * C + c] = the sum of x[r * C + c] over instance k's rows [k, k + 1) kSumRows, in row
+// order, f32; parameters R, C; buffers x (of dtype t), part. column_sums then adds the
+// partials in instance order, so the bits do not depend on the device.
+inline constexpr std::int64_t kSumRows = 64;
+kir::Kernel row_sums_program(DType t);
+inline std::int64_t row_sums_grid(std::int64_t R) {
+    return (R + kSumRows - 1) / kSumRows;
+}
 
 // A normalisation step: node i of f and its sibling gradient nodes (`also`), with what a launch
 // needs. nullopt when the data is not f32, f16 or bf16 or the operands' structures disagree

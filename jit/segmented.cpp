@@ -229,9 +229,10 @@ std::optional<SumToPlan> sum_to_plan(const Shape& g, const Shape& like) {
         }
         return SumToPlan{SumToPlan::one_axis, axis, 0};
     }
-    if (!g.batched || like.batched) return std::nullopt;
+    if (like.batched) return std::nullopt;
     // An unbatched like, after its leading 1s, equal to g's trailing static axes: those are
-    // g's innermost storage axes, so the cotangent sums g's rows of that many elements.
+    // g's innermost storage axes (an unbatched g is row-major), so the cotangent sums g's rows
+    // of that many elements.
     std::size_t lead = 0;
     while (lead < like.axes.size() && is_one(like.axes[lead])) ++lead;
     const std::size_t k = like.axes.size() - lead;
@@ -690,6 +691,12 @@ std::optional<RaggedTensor> run_lines(const ir::Node& n, const std::vector<Ragge
 }
 
 } // namespace
+
+std::optional<std::int64_t> sum_to_columns(const Shape& g, const Shape& like) {
+    const std::optional<SumToPlan> p = sum_to_plan(g, like);
+    if (!p || p->kind != SumToPlan::columns) return std::nullopt;
+    return p->width;
+}
 
 // Rows narrower than this (a cross entropy over a few classes) run transposed: a line kernel
 // over rows of 4 elements calls the scalar exp per element, while over a [width][rows] block its

@@ -7,6 +7,7 @@
 // depends on a length. Internal to jit/.
 #pragma once
 #include "ir/ir.hpp"
+#include <optional>
 
 namespace rag::jit {
 
@@ -27,5 +28,9 @@ void softmax_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64
 void logsumexp_rows(DType t, const void* x, void* y, std::int64_t rows, std::int64_t width);
 // Runs it; `vals` holds its arguments.
 RaggedTensor run_segmented(const ir::Node& n, const std::vector<RaggedTensor>& vals);
+// The width of the rows sum_to(g, like) adds up when like is unbatched, after its leading 1s
+// equal to g's trailing static axes (a bias gradient: g's innermost storage is like's elements,
+// so the result is the sum of g's rows of that many elements); else nullopt.
+std::optional<std::int64_t> sum_to_columns(const Shape& g, const Shape& like);
 
 } // namespace rag::jit

@@ -167,6 +167,46 @@ TEST(NormPrograms, AssembleForSm80AndSm90) {
         }
     const std::string ptx = jit::kir_ptx(jit::column_sums_program(DType::f16), "sm_90");
     EXPECT_EQ(run_ptxas(ptx, "sm_90").status, 0);
+    for (const char* arch : {"sm_80", "sm_90"})
+        EXPECT_EQ(run_ptxas(jit::kir_ptx(jit::row_sums_program(DType::bf16), arch), arch).status,
+                  0);
+}
+
+// sum_to onto a bias on the GPU tier: row_sums' per-block partials (rows in order), then
+// column_sums in block order; on the CPU lowering and the emulator, against a float64 sum of
+// the rows (R not a multiple of kSumRows; one row; C = 1).
+TEST(NormPrograms, RowSumsThenColumnSumsAddUpRows) {
+    for (const DType t : {DType::f32, DType::f16, DType::bf16})
+        for (const auto& [R, C] :
+             std::vector<std::pair<std::int64_t, std::int64_t>>{{200, 48}, {1, 5}, {130, 1}})
+            for (const bool emulated : {false, true}) {
+                SCOPED_TRACE(std::string(dtype_name(t)) + " R=" + std::to_string(R) +
+                             " C=" + std::to_string(C) + (emulated ? " emulated" : ""));
+                auto compile = [&](const kir::Kernel& k) {
+                    return emulated ? jit::compile_kernel_emulated(k) : jit::compile_kernel_cpu(k);
+                };
+                const RaggedTensor x = random_dense(t, {R, C});
+                const std::int64_t P = jit::row_sums_grid(R);
+                std::vector<float> part(std::size_t(P * C), NAN);
+                void* rb[] = {const_cast<void*>(x.data()), part.data()};
+                const std::int64_t rp[] = {R, C};
+                compile(jit::row_sums_program(t))->launch(P, rb, rp);
+                RaggedTensor sum = nans(t, random_dense(t, {C}).structure_ptr());
+                void* sb[] = {part.data(), sum.mutable_data()};
+                const std::int64_t sp[] = {P, C};
+                compile(jit::column_sums_program(t))->launch(jit::column_sums_grid(C), sb, sp);
+                const std::vector<double> xs = x.to_f64(), got = sum.to_f64();
+                for (std::int64_t c = 0; c < C; ++c) {
+                    double want = 0;
+                    for (std::int64_t r = 0; r < R; ++r) want += xs[std::size_t(r * C + c)];
+                    // f32 sums of R terms of at most 1, then rounded to t.
+                    const double tol = (t == DType::f32   ? 1e-5
+                                        : t == DType::f16 ? 2e-3
+                                                          : 1.6e-2) *
+                                       std::max(1.0, std::abs(want));
+                    EXPECT_NEAR(got[std::size_t(c)], want, tol) << "column " << c;
+                }
+            }
 }
 
 } // namespace

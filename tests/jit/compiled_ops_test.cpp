@@ -203,6 +203,18 @@ TEST(CompiledOps, SumToOverOneAxisOrAllRowsIsSegmented) {
         for (auto lengths : {with_0_and_1, std::vector<std::int64_t>{700, 2}})
             expect_tiers_agree(f, sum_to_inputs(f, lengths));
     }
+    // An unbatched g (a relation table's gradient rows summed to its bias): row-major, so
+    // its rows are summed the same way.
+    for (const char* like : {"4, 16", "1, 4, 16", ""}) {
+        SCOPED_TRACE(std::string("7, 4, 16 to ") + like);
+        ir::Function f;
+        f.name = "sum_to";
+        ir::Builder b(f);
+        int g = b.input(dense(DType::f32, "7, 4, 16"), "g");
+        f.outputs = {b.op("sum_to", {g, b.input(dense(DType::f32, like), "like")})};
+        EXPECT_EQ(kinds(f), "segmented");
+        expect_tiers_agree(f, sum_to_inputs(f, with_0_and_1));
+    }
     // Two broadcast axes: the reference kernel, with the same results.
     ir::Function f;
     f.name = "sum_to";

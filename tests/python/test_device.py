@@ -298,3 +298,40 @@ print("ok")
     env = dict(os.environ, RAG_GPU_EMULATE="1")
     out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_bias_gradients_are_summed_on_the_device():
+    """sum_to onto a bias (the rows of a device-resident gradient) runs as row_sums +
+    column_sums on the device, not as a host step, with the CPU's values."""
+    import os
+    import subprocess
+    import sys
+
+    child = """
+import numpy as np, rag
+SRC = '''
+params Lin { w: f32[4, 3], b: f32[3] }
+fn loss(x: f32[B, ~N, 4], p: Lin) -> f32[] {
+    let y = x @ p.w + p.b
+    return mean(y * y)
+}
+fn grads(x: f32[B, ~N, 4], p: Lin) -> Lin {
+    return grad(loss, wrt=p)(x, p)
+}
+'''
+m, cpu = rag.compile(SRC, device="cuda"), rag.compile(SRC)
+rng = np.random.default_rng(0)
+x = rag.ragged([rng.standard_normal((n, 4)).astype(np.float32) for n in (70, 0, 129)])
+p = m.init("Lin", seed=1)
+g = m.grads(x, p)
+steps = m.stats()["grads"]["steps"]
+assert "sum_to" not in steps["reference"] and not any(
+    k.startswith("sum_to") for k in steps["host"]), steps
+want = cpu.grads(x, p)
+for k in ("w", "b"):
+    np.testing.assert_allclose(g[k], want[k], rtol=1e-5, atol=1e-6)
+print("ok")
+"""
+    env = dict(os.environ, RAG_GPU_EMULATE="1")
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
