@@ -92,8 +92,7 @@ bool run_transpose_program(const ir::Node& n, std::size_t i, std::vector<RaggedT
     std::optional<TransposeJob> job = transpose_job(n, x);
     if (!job) return false;
     const DType t = n.type.dtype;
-    const GpuKernel& k =
-        gpu_kernel("transpose/" + std::string(dtype_name(t)), [t] { return transpose_program(t); });
+    const GpuKernel& k = gpu_kernel(transpose_kernel_key(t), [t] { return transpose_program(t); });
     cuda::Buffer out = device_buffer(std::size_t(job->total) * dtype_size(t));
     const cuda::Buffer* ptrs[] = {&dev.of(x), &out};
     k.launch(job->grid(), ptrs, job->params());
@@ -124,8 +123,9 @@ bool run_sum_to_program(const ir::Node& n, std::size_t i, std::vector<RaggedTens
     if (g.dtype() != t || (t != DType::f32 && t != DType::f16 && t != DType::bf16)) return false;
     const std::optional<std::int64_t> C = sum_to_columns(g.shape(), like.shape());
     if (!C || *C == 0 || g.numel() == 0) return false; // the host's zeros
-    // Where g is: a host value (a table gradient folded on the host) is summed there, which
-    // moves nothing, where the device would take an upload of g for a result of C elements.
+    // Where g is: a host value (a bucket map's table gradient, folded on the host) is summed
+    // there, which moves nothing, where the device would take an upload of g for a result of
+    // C elements.
     if (!g.device_copy()) return false;
     const std::int64_t R = g.numel() / *C, P = row_sums_grid(R);
     const GpuKernel& rows =

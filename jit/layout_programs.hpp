@@ -18,6 +18,11 @@ inline constexpr std::int64_t kTransposeChunk = 1024;
 
 // Parameters total, ea, mid, eb, inner; buffers x, out (both of dtype t: f32, f16 or bf16).
 kir::Kernel transpose_program(DType t);
+// The key gpu_kernel caches transpose_program(t) under (the GPU tier's transposes and the
+// relative-position table gradients share it).
+inline std::string transpose_kernel_key(DType t) {
+    return "transpose/" + std::string(dtype_name(t));
+}
 
 struct TransposeJob {
     std::int64_t total = 0, ea = 1, mid = 1, eb = 1, inner = 1;

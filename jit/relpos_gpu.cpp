@@ -1,10 +1,12 @@
 // Host side of relative-position attention on the GPU: the buffers of jit/relpos.cpp, on the
 // device, and the same launches. Table gradients: per-part partials reduced on the
-// device in a fixed order (relpos_table_reduce), downloaded, then folded into the map's rows
-// on the host (relpos_fold_table_grad), as on the CPU.
+// device in a fixed order (relpos_table_reduce), then folded into the map's rows: on the device
+// where every expanded row is its own map row (identity maps: a transpose), else downloaded
+// and folded on the host (relpos_fold_table_grad), as on the CPU.
 #include "jit/relpos_gpu.hpp"
 
 #include "jit/kir_gpu.hpp"
+#include "jit/layout_programs.hpp"
 #include "runtime/error.hpp"
 
 #include <algorithm>
@@ -37,6 +39,15 @@ const GpuKernel& kernel(Pass pass, const RelposShape& s) {
         }
         return relpos_table_reduce_program();
     });
+}
+
+// Whether every expanded row u is map row u (an identity map's): the fold of a table gradient
+// is then only the layout change [H][U][width] -> [U][H][width].
+bool rows_are_expanded(const RelposSetup& s) {
+    if (s.U != s.cfg.map.rows()) return false;
+    for (std::int64_t u = 0; u < s.U; ++u)
+        if (s.rows_of[std::size_t(u)] != u) return false;
+    return true;
 }
 
 // Device zeros shared with the tensors made from them.
@@ -196,9 +207,18 @@ std::vector<RaggedTensor> RelposOnDevice::gradients() const {
     for (int k : {AQ, AK, BIAS}) {
         if (!s_.cfg.has[k]) continue;
         const std::int64_t width = k == BIAS ? 1 : s_.shape.D;
+        const RaggedTensor& table = in_[std::size_t(s_.cfg.table_at[k])];
+        if (table.dtype() == DType::f32 && rows_are_expanded(s_)) { // folded on the device
+            const TransposeJob fold{s_.H * s_.U * width, s_.H, 1, s_.U, width, nullptr};
+            const GpuKernel& t = gpu_kernel(transpose_kernel_key(DType::f32),
+                                            [] { return transpose_program(DType::f32); });
+            cuda::Buffer folded = device_buffer(std::size_t(fold.total) * 4);
+            launch(t, fold.grid(), {{"x", &tables_[k]}, {"out", &folded}}, fold.params());
+            g.push_back(resident(std::move(folded), DType::f32, table.structure_ptr()));
+            continue;
+        }
         std::vector<float> expanded(std::size_t(s_.H * s_.U * width));
         cuda::download(expanded.data(), tables_[k], expanded.size() * 4);
-        const RaggedTensor& table = in_[std::size_t(s_.cfg.table_at[k])];
         g.push_back(RaggedTensor::from_f64(table.dtype(), table.structure_ptr(),
                                            relpos_fold_table_grad(expanded.data(), s_, width)));
     }

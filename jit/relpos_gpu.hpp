@@ -5,7 +5,8 @@
 // RelposOnDevice uploads its inputs once (q, k, v and dO already on the device, GPU-tier results,
 // are read in place); forward() and backward() only queue kernels, so a benchmark can time them
 // alone; out() and the dq, dk, dv of gradients() stay on the device until the host reads them
-// (runtime/tensor.hpp's Residency); the table gradients are folded on the host (downloaded).
+// (runtime/tensor.hpp's Residency); so do the table gradients of maps whose expanded rows are
+// their rows (identity), folded there; other maps' are downloaded and folded on the host.
 // Errors are those of the CPU tier (rag::Error naming relpos_attention, the sample and the
 // extents), plus "CUDA unavailable: ..." without a device. This header knows nothing of LLVM
 // or of the driver.

@@ -258,6 +258,29 @@ TEST(GpuExec, RelposReadsAndLeavesValuesOnTheDevice) {
         EXPECT_TRUE(bitwise_equal(from_dev[k], from_host[k])) << "result " << k;
 }
 
+// Maps whose expanded rows are their rows (Transformer-XL's identity) fold the table gradients
+// on the device (a transpose): a backward on device inputs downloads nothing, and every
+// gradient, the tables' included, stays there, with the CPU kernels' values.
+TEST(GpuExec, IdentityMapTableGradientsStayOnTheDevice) {
+    SKIP_WITHOUT_DEVICE();
+    const RelposCase c = relpos_case(mechanisms(70)[1], DType::f32, false, {70, 5});
+    std::vector<RaggedTensor> on = c.in;
+    for (RaggedTensor& t : on) t = jit::to_resident(t);
+    const RaggedTensor dO = jit::to_resident(c.dO);
+    const cuda::Transfers t0 = cuda::transfers();
+    jit::RelposOnDevice d(on, c.at);
+    d.set_dO(dO);
+    d.backward();
+    const std::vector<RaggedTensor> got = d.gradients();
+    EXPECT_EQ(cuda::transfers().downloaded - t0.downloaded, 0u);
+    const auto want = jit::relpos_backward(c.in, c.dO, c.at);
+    ASSERT_EQ(got.size(), 6u); // dq, dk, dv and the three tables'
+    for (std::size_t k = 0; k < got.size(); ++k) {
+        EXPECT_NE(got[k].device_copy(), nullptr) << "gradient " << k;
+        EXPECT_LE(rel_l2(got[k], want[k]), 1e-5) << "gradient " << k;
+    }
+}
+
 TEST(GpuExec, RelposErrorsAreTheCpuTiersErrors) {
     SKIP_WITHOUT_DEVICE();
     const Mechanism m = mechanisms(10)[0];
