@@ -111,6 +111,17 @@ void sum_partials(const cuda::Buffer& part, std::int64_t P, std::int64_t C, DTyp
     sums.launch(column_sums_grid(C), ptrs, params);
 }
 
+// zeros_like on the device: a memset there, where the reference kernel's zeros would be uploaded.
+bool run_zeros_like(const ir::Node& n, std::size_t i, std::vector<RaggedTensor>& vals,
+                    DeviceValues& dev) {
+    if (n.op != "zeros_like") return false;
+    const RaggedTensor& x = vals[std::size_t(n.args[0])];
+    const DType t = n.type.dtype;
+    vals[i] =
+        dev.result(device_zeros(std::size_t(x.numel()) * dtype_size(t)), t, x.structure_ptr());
+    return true;
+}
+
 // sum_to onto an unbatched value of g's trailing static axes (a bias gradient: the sum of g's
 // rows) on the device when g is there: per-block partials in row order (row_sums), summed in
 // block order (column_sums). Says whether node i ran here.
@@ -339,7 +350,8 @@ class CompiledGpu final : public GpuFunction {
                 continue;
             }
             if (run_segment_program(n, i, vals, dev) || run_transpose_program(n, i, vals, dev) ||
-                run_sum_to_program(n, i, vals, dev) || run_gemm_program(n, i, vals, dev) ||
+                run_sum_to_program(n, i, vals, dev) || run_zeros_like(n, i, vals, dev) ||
+                run_gemm_program(n, i, vals, dev) ||
                 run_norm_program(f_, s.index, s.also, vals, dev) ||
                 run_biased_program(f_, s.index, s.also, vals, dev)) {
                 count(place, n, refs, true);

@@ -133,11 +133,13 @@ std::vector<std::int64_t> segment_entries(const Structure& big, const Structure&
 std::optional<SegmentJob> segment_job(const ir::Node& n, std::span<const RaggedTensor> args) {
     if (n.type.dtype != DType::f32 || args.empty() || !n.attrs.has("axis")) return std::nullopt;
     const RaggedTensor& x = args[0];
-    if (x.dtype() != DType::f32 || !x.shape().batched) return std::nullopt;
+    if (x.dtype() != DType::f32) return std::nullopt;
     std::int64_t a = n.attrs.get_int("axis");
     if (a < 0) a += x.shape().logical_rank();
     if (a < 0 || a >= x.shape().logical_rank()) return std::nullopt;
-    const int axis = int(a) - 1; // -1: each whole sample (axis 0 of a batched value)
+    // The sample's axis: -1 for each whole sample (axis 0 of a batched value); an unbatched
+    // value is one sample of its own axes (a relation table's sums on the GPU tier).
+    const int axis = x.shape().batched ? int(a) - 1 : int(a);
     auto same = [](const RaggedTensor& t, const Structure& s) {
         return t.dtype() == DType::f32 && t.structure().same_as(s);
     };

@@ -41,9 +41,9 @@ struct SegmentJob {
 };
 
 // The job for node n given its argument values, or nullopt when n is not a segment program:
-// not f32, not one of the ops above, over the batch axis (softmax) or with no axis, on an
-// unbatched value, or with arguments whose structures disagree (the reference kernel then
-// reports the sample and extents).
+// not f32, not one of the ops above, over the batch axis (softmax) or with no axis, or with
+// arguments whose structures disagree (the reference kernel then reports the sample and
+// extents). An unbatched value is one sample.
 std::optional<SegmentJob> segment_job(const ir::Node& n, std::span<const RaggedTensor> args);
 
 // Lines per entry: a sample's outer extent is cut so that an entry has about this many.

@@ -335,3 +335,30 @@ print("ok")
     env = dict(os.environ, RAG_GPU_EMULATE="1")
     out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_zeros_like_is_made_on_the_device():
+    """zeros_like is a memset on the device: nothing uploaded but x and its segment table."""
+    import os
+    import subprocess
+    import sys
+
+    child = """
+import numpy as np, rag
+SRC = '''
+fn f(x: f32[B, ~N, 4]) -> f32[B, ~N, 4] { return zeros_like(x) + x }
+fn g(x: f32[B, ~N, 4]) -> f32[B, ~N, 4] { return x + x }
+'''
+m = rag.compile(SRC, device="cuda")
+x = rag.ragged([np.full((n, 4), 2.0, np.float32) for n in (3, 0, 50)])
+y = m.f(x)
+m.g(x)
+st, plain = m.stats()["f"], m.stats()["g"]
+assert st["steps"]["reference"] == {} and st["steps"]["host"] == {}, st
+assert st["uploaded_bytes"] == plain["uploaded_bytes"], (st, plain)
+np.testing.assert_array_equal(y.to("cpu").values, x.values)
+print("ok")
+"""
+    env = dict(os.environ, RAG_GPU_EMULATE="1")
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
