@@ -51,6 +51,24 @@ Type value_type(Elem e) {
     return e == Elem::i64 ? Type::i64 : Type::f32;
 }
 
+Elem elem_of(DType t) {
+    switch (t) {
+    case DType::f32:
+        return Elem::f32;
+    case DType::f64:
+        return Elem::f64;
+    case DType::f16:
+        return Elem::f16;
+    case DType::bf16:
+        return Elem::bf16;
+    case DType::i64:
+        return Elem::i64;
+    default:
+        break;
+    }
+    fail("internal: no kernel-IR element type stores ", dtype_name(t));
+}
+
 std::int64_t elem_bytes(Elem e) {
     return e == Elem::f16 || e == Elem::bf16 ? 2 : e == Elem::f32 ? 4 : 8;
 }

@@ -21,6 +21,8 @@
 // scratch: the GPU lowering spreads it over the block's threads (with a barrier after it), the
 // CPU lowering runs it in order. This header knows nothing of LLVM.
 #pragma once
+#include "runtime/dtype.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +36,8 @@ namespace rag::kir {
 enum class Type : std::uint8_t { i1, i64, f32 };
 enum class Elem : std::uint8_t { f32, f64, f16, bf16, i64 };
 Type value_type(Elem e); // what a load of e gives: f32 for floats, i64 for i64
+// The element type that stores dtype t (f32, f64, f16, bf16, i64); others are an internal error.
+Elem elem_of(DType t);
 std::int64_t elem_bytes(Elem e);
 
 enum class Op : std::uint8_t {

@@ -8,17 +8,8 @@ namespace rag::jit {
 
 using kir::Expr;
 
-namespace {
-kir::Elem elem(DType t) {
-    if (t == DType::f16) return kir::Elem::f16;
-    if (t == DType::bf16) return kir::Elem::bf16;
-    if (t == DType::f32) return kir::Elem::f32;
-    fail("internal: the transpose program takes f32, f16 or bf16, not ", dtype_name(t));
-}
-} // namespace
-
 kir::Kernel transpose_program(DType t) {
-    const kir::Elem e = elem(t);
+    const kir::Elem e = kir::elem_of(t);
     kir::Builder b("transpose_" + std::string(dtype_name(t)));
     Expr total = b.param("total"), ea = b.param("ea"), mid = b.param("mid"), eb = b.param("eb"),
          inner = b.param("inner");

@@ -9,22 +9,10 @@ namespace rag::jit {
 namespace {
 
 using kir::Builder;
+using kir::elem_of;
 using kir::Expr;
 using kir::Loop;
 using kir::Type;
-
-kir::Elem elem_of(DType t) {
-    switch (t) {
-    case DType::f16:
-        return kir::Elem::f16;
-    case DType::bf16:
-        return kir::Elem::bf16;
-    case DType::f64:
-        return kir::Elem::f64;
-    default:
-        return kir::Elem::f32;
-    }
-}
 
 const double minus_inf = -INFINITY;
 // Running maxima per row in the forward (one vector register of f32 on AVX-512).
