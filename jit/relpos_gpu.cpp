@@ -75,16 +75,44 @@ void launch(const GpuKernel& k, std::int64_t grid, std::initializer_list<Named> 
 } // namespace
 
 RelposOnDevice::RelposOnDevice(std::span<const RaggedTensor> in, const Attrs& at)
-    : in_(in.begin(), in.end()), at_(at), s_(relpos_setup(in, at, op_name, false)) {
+    : in_(in.begin(), in.end()), at_(at), s_(relpos_setup(in, at, op_name, false, false)) {
     const bool tensor_cores = relpos_tensor_cores(s_.shape.dtype);
-    if (tensor_cores) relpos_use_tensor_cores(s_);
     q_ = on_device(in_[0]);
     k_ = on_device(in_[1]);
     v_ = on_device(in_[2]);
+    tiles_ = to_device(s_.tiles);
+    // f32 tables of an identity map expand on the device: [U][H][width] -> [H][U][width] is
+    // the transpose program's, so parameters that live there are not downloaded to expand.
+    bool f32_tables = true;
+    for (int k : {AQ, AK, BIAS})
+        if (s_.cfg.has[k])
+            f32_tables = f32_tables && in_[std::size_t(s_.cfg.table_at[k])].dtype() == DType::f32;
+    if (!tensor_cores && f32_tables && rows_are_expanded(s_)) {
+        cuda::Buffer* into[] = {&eq_, &ek_, &eb_};
+        for (int k : {AQ, AK, BIAS}) {
+            cuda::Buffer& e = *into[k == AQ ? 0 : k == AK ? 1 : 2];
+            if (!s_.cfg.has[k]) {
+                e = device_buffer(0); // never read: the programs skip absent tables
+                continue;
+            }
+            const std::int64_t width = k == BIAS ? 1 : s_.shape.D;
+            const TransposeJob job{s_.U * s_.H * width, s_.U, 1, s_.H, width, nullptr};
+            const GpuKernel& t = gpu_kernel(transpose_kernel_key(DType::f32),
+                                            [] { return transpose_program(DType::f32); });
+            e = device_buffer(std::size_t(job.total) * 4);
+            // An upload of a host table may go back to the cache when this returns: only work
+            // queued after the launch can be handed it (jit/kir_gpu.hpp).
+            const std::shared_ptr<const cuda::Buffer> table =
+                on_device(in_[std::size_t(s_.cfg.table_at[k])]);
+            launch(t, job.grid(), {{"x", table.get()}, {"out", &e}}, job.params());
+        }
+        return;
+    }
+    relpos_expand_tables(s_, in_);
+    if (tensor_cores) relpos_use_tensor_cores(s_);
     eq_ = tensor_cores ? to_device(s_.eq_half) : to_device(s_.eq);
     ek_ = tensor_cores ? to_device(s_.ek_half) : to_device(s_.ek);
     eb_ = to_device(s_.eb);
-    tiles_ = to_device(s_.tiles);
 }
 
 void RelposOnDevice::set_dO(const RaggedTensor& dO) {

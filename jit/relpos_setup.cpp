@@ -69,7 +69,7 @@ void relpos_split_backward(RelposSetup& s, std::int64_t pieces, double budget) {
 }
 
 RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, const char* op,
-                         bool with_dO) {
+                         bool with_dO, bool expand_tables) {
     RelposSetup s(relpos_check(in, at, op, with_dO));
     const RelposConfig& c = s.cfg;
     const RaggedTensor& q = in[0];
@@ -100,10 +100,15 @@ RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, cons
     }
     use(s, parts_of(s, (longest + s.G - 1) / s.G)); // whole samples
     s.tokens = q.structure().rows();
+    if (expand_tables) relpos_expand_tables(s, in);
+    return s;
+}
+
+void relpos_expand_tables(RelposSetup& s, std::span<const RaggedTensor> in) {
+    const RelposConfig& c = s.cfg;
     if (c.has[AQ]) s.eq = expand(in[std::size_t(c.table_at[AQ])], s, s.shape.D);
     if (c.has[AK]) s.ek = expand(in[std::size_t(c.table_at[AK])], s, s.shape.D);
     if (c.has[BIAS]) s.eb = expand(in[std::size_t(c.table_at[BIAS])], s, 1);
-    return s;
 }
 
 void relpos_use_tensor_cores(RelposSetup& s) {

@@ -40,9 +40,12 @@ struct RelposSetup {
 };
 
 // Checks the inputs (relpos_check, op name `op`) and prepares everything above. `in` holds
-// q, k, v, the present tables, and a trailing dO when `with_dO`.
+// q, k, v, the present tables, and a trailing dO when `with_dO`. `expand_tables` false leaves
+// eq, ek and eb empty (the GPU expands identity maps' tables on the device).
 RelposSetup relpos_setup(std::span<const RaggedTensor> in, const Attrs& at, const char* op,
-                         bool with_dO);
+                         bool with_dO, bool expand_tables = true);
+// Fills s.eq, s.ek and s.eb from the tables in `in` (relpos_setup's order).
+void relpos_expand_tables(RelposSetup& s, std::span<const RaggedTensor> in);
 
 // Runs s's programs on tensor cores (RelposShape::tensor_cores; f16 and bf16 data): sets the
 // shape's flag and rounds eq and ek to the data's type, as those programs read them.

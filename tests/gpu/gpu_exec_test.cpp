@@ -258,14 +258,18 @@ TEST(GpuExec, RelposReadsAndLeavesValuesOnTheDevice) {
         EXPECT_TRUE(bitwise_equal(from_dev[k], from_host[k])) << "result " << k;
 }
 
-// Maps whose expanded rows are their rows (Transformer-XL's identity) fold the table gradients
-// on the device (a transpose): a backward on device inputs downloads nothing, and every
-// gradient, the tables' included, stays there, with the CPU kernels' values.
-TEST(GpuExec, IdentityMapTableGradientsStayOnTheDevice) {
+// Maps whose expanded rows are their rows (Transformer-XL's identity) expand the tables and
+// fold their gradients on the device (transposes): a backward on device inputs downloads
+// nothing (the inputs' host bytes are marked stale, so any host read would download), and
+// every gradient, the tables' included, stays there, with the CPU kernels' values.
+TEST(GpuExec, IdentityMapTablesStayOnTheDevice) {
     SKIP_WITHOUT_DEVICE();
     const RelposCase c = relpos_case(mechanisms(70)[1], DType::f32, false, {70, 5});
     std::vector<RaggedTensor> on = c.in;
-    for (RaggedTensor& t : on) t = jit::to_resident(t);
+    for (RaggedTensor& t : on) {
+        t = jit::to_resident(t);
+        t.share_device();
+    }
     const RaggedTensor dO = jit::to_resident(c.dO);
     const cuda::Transfers t0 = cuda::transfers();
     jit::RelposOnDevice d(on, c.at);
