@@ -50,6 +50,18 @@ bool rows_are_expanded(const RelposSetup& s) {
     return true;
 }
 
+// [ea][eb][width] f32 values of x as [eb][ea][width] in a new buffer (the transpose program):
+// a table expanded from its rows ([U][H] -> [H][U]) and its gradient folded back.
+cuda::Buffer swapped(const cuda::Buffer& x, std::int64_t ea, std::int64_t eb, std::int64_t width) {
+    const TransposeJob job{ea * eb * width, ea, 1, eb, width, nullptr};
+    const GpuKernel& t =
+        gpu_kernel(transpose_kernel_key(DType::f32), [] { return transpose_program(DType::f32); });
+    cuda::Buffer out = device_buffer(std::size_t(job.total) * 4);
+    const cuda::Buffer* ptrs[] = {&x, &out};
+    t.launch(job.grid(), ptrs, job.params());
+    return out;
+}
+
 // Device zeros shared with the tensors made from them.
 std::shared_ptr<const cuda::Buffer> zeros(std::size_t bytes) {
     return std::make_shared<const cuda::Buffer>(device_zeros(bytes));
@@ -95,16 +107,11 @@ RelposOnDevice::RelposOnDevice(std::span<const RaggedTensor> in, const Attrs& at
                 e = device_buffer(0); // never read: the programs skip absent tables
                 continue;
             }
-            const std::int64_t width = k == BIAS ? 1 : s_.shape.D;
-            const TransposeJob job{s_.U * s_.H * width, s_.U, 1, s_.H, width, nullptr};
-            const GpuKernel& t = gpu_kernel(transpose_kernel_key(DType::f32),
-                                            [] { return transpose_program(DType::f32); });
-            e = device_buffer(std::size_t(job.total) * 4);
             // An upload of a host table may go back to the cache when this returns: only work
             // queued after the launch can be handed it (jit/kir_gpu.hpp).
             const std::shared_ptr<const cuda::Buffer> table =
                 on_device(in_[std::size_t(s_.cfg.table_at[k])]);
-            launch(t, job.grid(), {{"x", table.get()}, {"out", &e}}, job.params());
+            e = swapped(*table, s_.U, s_.H, k == BIAS ? 1 : s_.shape.D);
         }
         return;
     }
@@ -237,12 +244,8 @@ std::vector<RaggedTensor> RelposOnDevice::gradients() const {
         const std::int64_t width = k == BIAS ? 1 : s_.shape.D;
         const RaggedTensor& table = in_[std::size_t(s_.cfg.table_at[k])];
         if (table.dtype() == DType::f32 && rows_are_expanded(s_)) { // folded on the device
-            const TransposeJob fold{s_.H * s_.U * width, s_.H, 1, s_.U, width, nullptr};
-            const GpuKernel& t = gpu_kernel(transpose_kernel_key(DType::f32),
-                                            [] { return transpose_program(DType::f32); });
-            cuda::Buffer folded = device_buffer(std::size_t(fold.total) * 4);
-            launch(t, fold.grid(), {{"x", &tables_[k]}, {"out", &folded}}, fold.params());
-            g.push_back(resident(std::move(folded), DType::f32, table.structure_ptr()));
+            g.push_back(resident(swapped(tables_[k], s_.H, s_.U, width), DType::f32,
+                                 table.structure_ptr()));
             continue;
         }
         std::vector<float> expanded(std::size_t(s_.H * s_.U * width));
